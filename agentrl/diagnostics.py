@@ -19,7 +19,8 @@ from agentrl.objectives import compute_advantages
 from agentrl.policy import ModelConfig, TinyAgent
 from agentrl.rollout import OWNER, collate, sample_step
 from agentrl.trainer import (RLConfig, accumulate_backward, env_factory_for, forward_logp, kl_to_ref, make_optimizer,
-                             mb_view, minibatch_loss, minibatch_slices, pre_update_pass, summarize_minibatches,
+                             mb_view, minibatch_loss, minibatch_slices, pre_update_pass, ref_log_probs,
+                             summarize_minibatches,
                              zero_adv_share)
 
 BUGS = {
@@ -127,14 +128,15 @@ def debug_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, bug: st
     sampler_temp) and a guard: raises NonFiniteError on a non-finite loss or gradient norm, before stepping."""
     check_bug(bug)
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
-    old, refs, stats = pre_update_pass(model, mbs, ref, cfg.kl_coef)
+    old, stats = pre_update_pass(model, mbs)
     if bug == "sampler_temp":
         old = [mb["sample_logp"] for mb in mbs]
     if bug == "entropy_sign":
         cfg = replace(cfg, entropy_coef=WRONG_ENTROPY_COEF)
     per_mb: list[dict] = []
     for _ in range(cfg.epochs):
-        for mb, old_logp, ref_logp in zip(mbs, old, refs):
+        for mb, old_logp in zip(mbs, old):
+            ref_logp = ref_log_probs(ref, mb, cfg)
             if bug == "stale_old_logp":
                 with torch.no_grad():
                     old_logp = forward_logp(model, mb["ids"])[0]
@@ -310,7 +312,7 @@ def sanity_checks(model, trajs: list, tok, cfg: RLConfig, bug: str | None = None
 
     # 3. the ratio is exactly 1 before any step (old log-probs as the update gets them)
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
-    old, refs, _ = pre_update_pass(model, mbs)
+    old, _ = pre_update_pass(model, mbs)
     if bug == "sampler_temp":
         old = [mb["sample_logp"] for mb in mbs]
     with torch.no_grad():

@@ -75,9 +75,9 @@ def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
     return loss, stats
 
 
-def pre_update_pass(model, mbs: list[dict], ref=None, kl_coef: float = 0.0):
-    """No-grad pass with the weights that sampled the batch: frozen old log-probs (and reference log-probs)
-    per minibatch, plus the step's entropy and sampler-trainer gap over policy tokens."""
+def pre_update_pass(model, mbs: list[dict]):
+    """No-grad pass with the weights that sampled the batch: the frozen old log-probs per minibatch, plus the
+    step's entropy and sampler-trainer gap over policy tokens."""
     with torch.no_grad():
         old, entropies, gaps = [], [], []
         for mb in mbs:
@@ -85,22 +85,31 @@ def pre_update_pass(model, mbs: list[dict], ref=None, kl_coef: float = 0.0):
             old.append(logp)
             entropies.append(entropy_from_logits(logits))
             gaps.append((logp - mb["sample_logp"]).abs())
-        refs = [forward_logp(ref, mb["ids"])[0] for mb in mbs] if (ref is not None and kl_coef > 0) else [None] * len(mbs)
     mask = torch.cat([mb["action_mask"] for mb in mbs])
     gap = torch.cat(gaps)  # minibatches share the batch width, so rows concatenate exactly
     stats = {"entropy": float(masked_mean(torch.cat(entropies), mask)),
              "logp_gap": float(masked_mean(gap, mask)), "logp_gap_max": float((gap * mask).max())}
-    return old, refs, stats
+    return old, stats
+
+
+def ref_log_probs(ref, mb: dict, cfg: RLConfig):
+    """Reference log-probs for one minibatch, computed when the minibatch is processed (a frozen reference
+    gives the same numbers at any time; a reference that is the live policy gives exactly logp)."""
+    if ref is None or cfg.kl_coef <= 0:
+        return None
+    with torch.no_grad():
+        return forward_logp(ref, mb["ids"])[0]
 
 
 def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None) -> dict:
     """One GRPO update on a prepared batch. Old log-probs are computed once, from the weights that sampled
     the batch, and stay frozen for every minibatch and epoch. Returns per-update statistics."""
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
-    old, refs, stats = pre_update_pass(model, mbs, ref, cfg.kl_coef)
+    old, stats = pre_update_pass(model, mbs)
     per_mb: list[dict] = []
     for _ in range(cfg.epochs):
-        for mb, old_logp, ref_logp in zip(mbs, old, refs):
+        for mb, old_logp in zip(mbs, old):
+            ref_logp = ref_log_probs(ref, mb, cfg)
             optimizer.zero_grad(set_to_none=True)
             loss, st = accumulate_backward(model, mb, old_logp, ref_logp, cfg)
             st["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))

@@ -1,0 +1,85 @@
+"""Shared, session-scoped fixtures: the task catalogue, the tokenizer and two small policies.
+
+- `random_model`: a freshly initialised TinyAgent (seed 0). Its calls are mostly malformed, so every episode
+  runs the full turn budget (all rows share one turn structure).
+- `quick_base`: the same model after a few hard-target SFT steps on episodes of the uniformly random scripted
+  caller. It knows the call format and picks tools at random, so episodes end after 1..max_turns turns and rows
+  of one batch are at different points of their turn structure (what the KV-cache slot layout must handle).
+Both are cheap (a couple of seconds), unlike the real behaviour-cloned base.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def all_tasks():
+    from agentrl.tasks import make_tasks
+    return make_tasks("all")
+
+
+@pytest.fixture(scope="session")
+def train_tasks():
+    from agentrl.tasks import make_tasks
+    return make_tasks("train")
+
+
+@pytest.fixture(scope="session")
+def tok(all_tasks):
+    from agentrl.tokenizer import build_tokenizer
+    return build_tokenizer(all_tasks)
+
+
+def _fresh_model(tok, seed: int = 0):
+    from agentrl.policy import ModelConfig, TinyAgent
+    return TinyAgent(ModelConfig(len(tok)), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="session")
+def make_model(tok):
+    """Factory for fresh random-init models (tests that mutate a model get their own)."""
+    return lambda seed=0: _fresh_model(tok, seed)
+
+
+@pytest.fixture(scope="session")
+def random_model(tok):
+    model = _fresh_model(tok, 0)
+    model.eval()
+    return model
+
+
+def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
+    from agentrl.gym import RandomCaller, make_env_factory, run_scripted
+    from agentrl.rollout import Trajectory
+    gen = torch.Generator().manual_seed(seed)
+    factory = make_env_factory(max_turns=6, reward="hidden", rename=True)
+    out = []
+    for task in tasks:
+        for _ in range(per_task):
+            env = factory(task, gen)
+            toks, owner = run_scripted(env, RandomCaller(gen))
+            ids = tok.encode(toks)
+            out.append(Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info))
+    return out
+
+
+@pytest.fixture(scope="session")
+def quick_base(tok, train_tasks):
+    from agentrl.starting_policy import train_sft
+    model = _fresh_model(tok, 0)
+    demos = _random_caller_trajectories(tok, train_tasks, per_task=2, seed=0)
+    train_sft(model, demos, tok, steps=25, lr=3e-3)
+    model.eval()
+    return model
