@@ -158,8 +158,8 @@ class ModelParams:
 @dataclass
 class SFTConfig:
     steps: int = 10              # the cold start: 10 steps on one oracle demonstration per train task
-    lr: float = 1e-3
-    describe_per_task: int = 8   # episodes per train task for describe(): pass@1, pass@8, groups with a gradient
+    lr: float = 1e-4
+    describe_per_task: int = 16  # episodes per train task for describe(): pass@1, pass@8, groups with a gradient
 
     def __post_init__(self):
         check_fields(self, {"steps": (int, lambda v: v >= 1, "an integer >= 1"),

@@ -79,6 +79,15 @@ def log_metrics(sampled: list, cfg: RLConfig, update: dict) -> dict:
     return row
 
 
+def batch_hash(trajs: list) -> str:
+    """Identity of a sampled batch (token ids of every episode), to find where two runs first diverge."""
+    import hashlib
+    h = hashlib.sha256()
+    for t in trajs:
+        h.update(repr(t.ids).encode())
+    return h.hexdigest()[:16]
+
+
 # ---------------------------------------------------------------- fault injection points
 
 def prepare_batch(trajs: list, tok, cfg: RLConfig, bug: str | None = None, width: int | None = None) -> dict:
@@ -258,7 +267,7 @@ def train_logged(model, tasks: list, tok, cfg: RLConfig, steps: int, bug: str | 
         except NonFiniteError as exc:
             exc.bundle = bundle(str(exc), exc.stats)
             raise NonFiniteError(f"step {step}: {exc} — stopped; replay bundle: {exc.bundle}", exc.stats, exc.bundle) from None
-        row = {"step": step, **log_metrics(sampled, cfg, update)}
+        row = {"step": step, **log_metrics(sampled, cfg, update), "batch_hash": batch_hash(sampled)}
         norms = [h["grad_norm"] for h in history if "grad_norm" in h]
         if len(norms) >= 5 and update and update["grad_norm"] > spike_factor * statistics.median(norms):
             row["spike_bundle"] = bundle(f"grad_norm {update['grad_norm']:.3g} > {spike_factor}x running median", update)

@@ -395,7 +395,9 @@ def environment_check(tasks: list[Task], episodes: int = 200, seed: int = 0, max
     for label, caller in (("expert", ExpertCaller), ("random", RandomCaller)):
         gen = torch.Generator().manual_seed(seed)
         per_task = -(-episodes // len(tasks))
-        envs = play(caller, tasks, per_task, gen, max_turns=max_turns)[:max(episodes, len(tasks))]
+        played = play(caller, tasks, per_task, gen, max_turns=max_turns)  # task-major order
+        interleaved = [played[t * per_task + i] for i in range(per_task) for t in range(len(tasks))]
+        envs = interleaved[:max(episodes, len(tasks))]  # a cut drops the same share of every task
         rewards = [e.reward for e in envs]
         fams: dict[str, list[float]] = {}
         for e in envs:

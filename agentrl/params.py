@@ -84,12 +84,3 @@ def load_params(sections: list[str], path: str | Path = "params.yaml") -> dict:
     """Validate the named sections of params.yaml (and the file's section names) -> {name: config}."""
     raw = read_params_file(path)
     return {name: load_section(name, raw, str(path)) for name in sections}
-
-
-def section_dict(raw: dict, name: str) -> dict:
-    """The section as written plus defaults: what a stage 'read' (for provenance)."""
-    obj = load_section(name, raw)
-    d = obj.to_dict() if hasattr(obj, "to_dict") else {f.name: getattr(obj, f.name) for f in fields(obj)}
-    if name == "rl":
-        d.pop("seed", None)
-    return d

@@ -28,6 +28,14 @@ class StageError(UserError):
     """A problem the user can fix (missing/corrupted artifact, bad input): reported in one line."""
 
 
+def section_values(section: str, obj) -> dict:
+    """The values a stage read from one params section (rl.seed is run.seed, not an rl key)."""
+    values = config_dict(obj)
+    if section == "rl":
+        values.pop("seed", None)
+    return values
+
+
 def config_dict(obj) -> dict:
     if hasattr(obj, "to_dict"):
         return obj.to_dict()
@@ -63,8 +71,10 @@ def _fail(msg: str) -> None:
 
 
 def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
-              params_path: str = "params.yaml") -> None:
-    """Validate params (sections + run) and inputs, set threads, open the stage's MLflow run, call body(ctx)."""
+              params_path: str = "params.yaml", only: dict | None = None) -> None:
+    """Validate params (sections + run) and inputs, set threads, open the stage's MLflow run, call body(ctx).
+    `only` restricts which keys of a section count as read (logged and fingerprinted), e.g. an ablation
+    instance reads ablate.steps but not the list of seeds that generates the instances."""
     from agentrl.params import load_section, read_params_file
     from agentrl.tracking import ProvenanceError
     user_errors = (UserError, ProvenanceError)
@@ -81,7 +91,9 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
     if numeric:
         torch.set_num_threads(params["run"].threads)
     from agentrl.tracking import stage_run
-    logged = {s: config_dict(p) for s, p in params.items()}
+    logged = {s: section_values(s, p) for s, p in params.items()}
+    for section, keys in (only or {}).items():
+        logged[section] = {k: v for k, v in logged[section].items() if k in keys}
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
     try:
         with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads) as run:

@@ -1,0 +1,1 @@
+"""One small script per DVC stage: read its params sections, call agentrl, write its outputs."""

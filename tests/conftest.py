@@ -9,12 +9,14 @@ Both are cheap (a couple of seconds), unlike the real behaviour-cloned base.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# two threads, as the pipeline's default run.threads (override for a busy machine: AGENTRL_TEST_THREADS=1)
+torch.set_num_threads(int(os.environ.get("AGENTRL_TEST_THREADS", "2")))
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,15 +44,15 @@ def tok(all_tasks):
     return build_tokenizer(all_tasks)
 
 
-def _fresh_model(tok, seed: int = 0):
+def _fresh_model(tok, seed: int = 0, **overrides):
     from agentrl.policy import ModelConfig, TinyAgent
-    return TinyAgent(ModelConfig(len(tok)), generator=torch.Generator().manual_seed(seed))
+    return TinyAgent(ModelConfig(len(tok), **overrides), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="session")
 def make_model(tok):
     """Factory for fresh random-init models (tests that mutate a model get their own)."""
-    return lambda seed=0: _fresh_model(tok, seed)
+    return lambda seed=0, **overrides: _fresh_model(tok, seed, **overrides)
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +80,17 @@ def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
 @pytest.fixture(scope="session")
 def quick_base(tok, train_tasks):
     from agentrl.starting_policy import train_sft
-    model = _fresh_model(tok, 0)
-    demos = _random_caller_trajectories(tok, train_tasks, per_task=2, seed=0)
-    train_sft(model, demos, tok, steps=25, lr=3e-3)
+    model = _fresh_model(tok, 0, emb_std=1.0)
+    demos = _random_caller_trajectories(tok, train_tasks, per_task=1, seed=0)
+    train_sft(model, demos, tok, steps=30, lr=1e-2)
     model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def rl_base(tok, train_tasks):
+    """The pipeline's RL base: make_rl_base with the library defaults (which params.yaml pins, see
+    test_params.py), seed 0. At 2 threads this is bit-identical to the base `dvc repro` builds."""
+    from agentrl.starting_policy import make_rl_base
+    model, _ = make_rl_base(tok, train_tasks, seed=0)
     return model

@@ -12,7 +12,7 @@ import torch
 
 from agentrl.gym import (END_CALL, ERROR_OBS, NAME_POOL, OPS, REPAIR_OPS, CodeEnv, ExpertCaller, RandomCaller,
                          apply_op, call_tokens, code_tokens, constants, environment_check, keyword_rule,
-                         make_env_factory, operand_names, play, run_tests)
+                         make_env_factory, operand_names, play, run_tests, source_observation)
 from agentrl.tasks import FAMILIES, make_tasks, task_by_name
 
 ALL = make_tasks("all")
@@ -338,6 +338,14 @@ def test_name_pool_carries_no_task_information():
     operands = set().union(*(operand_names(t.source, t.func) for t in ALL))
     assert not set(NAME_POOL) & funcs
     assert not set(NAME_POOL) & operands
+
+
+@pytest.mark.parametrize("task", ALL, ids=ids(ALL))
+def test_read_never_leaks_the_function_name_after_any_op(task):
+    for op in (None,) + OPS:
+        for name in NAME_POOL:
+            obs = source_observation(task, op, name)
+            assert task.func not in obs and obs.count(name) == 1, (op, obs)
 
 
 def test_without_rename_the_task_function_name_is_shown():

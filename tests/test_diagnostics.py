@@ -1,0 +1,128 @@
+"""Diagnostics: the instrumented trainer equals the plain one, the nine invariants catch every code fault
+(the matrix of SPEC §6, cell by cell), guards stop on non-finite values and their bundles replay exactly,
+and `git bisect run python -m agentrl check` finds a commit that breaks the trainer."""
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.diagnostics import (BUGS, CHECKS, EXPECTED_FAILURES, NonFiniteError, failed_checks, replay_bundle,
+                                 same_stats, sanity_checks, train_logged)
+from agentrl.rollout import sample_step
+from agentrl.tasks import make_tasks
+from agentrl.trainer import RLConfig, env_factory_for, train_rl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_instrumented_trainer_is_bit_identical(rl_base, tok):
+    m1, m2 = copy.deepcopy(rl_base), copy.deepcopy(rl_base)
+    h1 = train_rl(m1, make_tasks("train"), tok, RLConfig(), 5)
+    h2 = train_logged(m2, make_tasks("train"), tok, RLConfig(), 5)
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    for r1, r2 in zip(h1, h2):
+        shared = set(r1) & set(r2)
+        assert len(shared) >= 15
+        assert {k: r1[k] for k in shared} == {k: r2[k] for k in shared}
+
+
+@pytest.fixture(scope="module")
+def matrix(rl_base, tok):
+    cfg = RLConfig(kl_coef=0.1)
+    batch, _ = sample_step(rl_base, env_factory_for(cfg), make_tasks("train"), tok, cfg,
+                           torch.Generator().manual_seed(0))
+    return {bug: sanity_checks(rl_base, batch, tok, cfg, bug) for bug in [None, *BUGS]}
+
+
+CELLS = [(bug, i) for bug in [None, *BUGS] for i in range(1, 10)]
+
+
+@pytest.mark.parametrize("bug,check", CELLS, ids=[f"{b}-{i}" for b, i in CELLS])
+def test_check_matrix_cell(matrix, bug, check):
+    value, passed = matrix[bug][CHECKS[check - 1]]
+    expected_to_fail = check in EXPECTED_FAILURES[bug]
+    assert passed != expected_to_fail, f"{bug}: check {check} ({CHECKS[check - 1]}) value {value}"
+
+
+def test_clean_margins(matrix):
+    clean = {k: float(v) for k, (v, _) in matrix[None].items()}
+    print("clean margins:", {k: f"{v:.3g}" for k, v in clean.items()})
+    assert clean["mask_is_policy"] == 0
+    assert clean["sampler_trainer_gap"] < 1e-4
+    assert clean["ratio_is_one"] < 1e-4
+    assert clean["group_adv_mean"] < 1e-5
+    assert clean["padding_invariance"] < 1e-5
+    assert clean["accumulation"] < 1e-4
+    assert clean["old_logp_frozen"] > 0
+    assert clean["update_direction"] > 0
+    assert clean["kl_to_reference"] > 0
+    assert sanity_checks.__doc__  # the checks document themselves
+    assert failed_checks(matrix[None]) == set()
+
+
+def test_nan_guard_stops_and_bundle_replays(rl_base, tok, tmp_path):
+    model = copy.deepcopy(rl_base)
+    with pytest.raises(NonFiniteError) as err:
+        train_logged(model, make_tasks("train"), tok, RLConfig(), 4, bundle_dir=tmp_path, inject_nan_step=2)
+    bundle = err.value.bundle
+    assert bundle and Path(bundle).exists() and "step 2" in str(err.value)
+    recorded, replayed = replay_bundle(bundle)
+    assert recorded["loss"] != recorded["loss"]  # the recorded loss is NaN
+    assert same_stats(recorded, replayed)
+    out = subprocess.run([sys.executable, "-m", "agentrl", "replay", bundle], capture_output=True, text=True)
+    assert out.returncode == 0 and "identical statistics" in out.stdout
+
+
+def test_spike_bundle_replays_exactly(rl_base, tok, tmp_path):
+    model = copy.deepcopy(rl_base)
+    history = train_logged(model, make_tasks("train"), tok, RLConfig(), 7, bundle_dir=tmp_path, spike_factor=0.0)
+    bundles = [r["spike_bundle"] for r in history if r.get("spike_bundle")]
+    assert bundles, "with spike_factor 0 every step after the warm-up is flagged"
+    recorded, replayed = replay_bundle(bundles[-1])
+    assert same_stats(recorded, replayed)
+
+
+def test_check_cli_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "agentrl", "check"], capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "agentrl", "check", "--bug", "sampler_temp"], capture_output=True,
+                         text=True, cwd=REPO)
+    assert bad.returncode == 1 and "FAILED [2, 3]" in bad.stdout
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+def test_git_bisect_finds_the_faulty_commit(tmp_path):
+    repo = tmp_path / "history"
+    repo.mkdir()
+    shutil.copytree(REPO / "agentrl", repo / "agentrl", ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "good")
+    good = _git(repo, "rev-parse", "HEAD").strip()
+    (repo / "NOTES").write_text("an unrelated change\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "notes")
+    rollout = repo / "agentrl" / "rollout.py"
+    src = rollout.read_text()
+    faulty = src.replace('self.action_mask = [int(o == OWNER["policy"]) for o in self.owner[1:]]',
+                         'self.action_mask = [int(o == OWNER["policy"]) for o in self.owner[:-1]]')
+    assert faulty != src
+    rollout.write_text(faulty)
+    _git(repo, "commit", "-qam", "refactor the action mask")
+    bad = _git(repo, "rev-parse", "HEAD").strip()
+    (repo / "NOTES").write_text("another unrelated change\n")
+    _git(repo, "commit", "-qam", "more notes")
+    _git(repo, "bisect", "start", "HEAD", good)
+    out = subprocess.run(["git", "bisect", "run", sys.executable, "-m", "agentrl", "check"], cwd=repo,
+                         capture_output=True, text=True)
+    assert f"{bad} is the first bad commit" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]

@@ -1,0 +1,247 @@
+"""The pipeline end to end on a shortened configuration, in a throwaway clone: dvc repro, caching, MLflow
+provenance, audit, experiments (params, seeds, parallel queue), resume after SIGKILL, bad params.
+
+The clone has the project's code, dvc.yaml and a params.yaml with every step count cut down, so a full
+`dvc repro` takes about two minutes on 2 cores; the module builds it once and the tests share it (in order).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+SHORT = {
+    "base": {"demos_per_task": 12, "steps": 40, "teach_steps": 20},
+    "sft": {"steps": 3, "describe_per_task": 8},
+    "train": {"steps": 4, "checkpoint_every": 2, "eval_per_task": 2},
+    "select": {"n_boot": 200},
+    "test": {"episodes_per_task": 8, "n_boot": 200},
+    "ablate": {"arms": ["default", "public"], "seeds": [0, 1], "steps": 2, "eval_per_task": 2, "n_boot": 200},
+    "faults": {"steps": 2, "short_steps": 1, "length_steps": 2, "eval_every": 1, "eval_per_task": 1},
+    "threads": {"steps": 2},
+    "report": {"learned_per_task": 2},
+}
+NUMERIC = {"base", "sft", "preflight", "train", "select", "test", "ablate@default-0", "ablate@default-1",
+           "ablate@public-0", "ablate@public-1", "ablate_summary", "threads", "faults", "report"}
+
+
+def run(cmd, cwd, check=True, timeout=900, env=None):
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, shell=isinstance(cmd, str),
+                         env=env or clone_env())
+    if check and out.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}")
+    return out
+
+
+def clone_env():
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("DVC_ROOT", None)
+    return env
+
+
+def stages_run(output: str) -> set[str]:
+    return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
+
+
+def write_params(repo: Path, changes: dict) -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in changes.items():
+        params[section].update(values)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("pipeline") / "repo"
+    repo.mkdir()
+    for name in ("agentrl", "stages"):
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore"):
+        shutil.copy(REPO / name, repo / name)
+    (repo / ".dvc").mkdir()
+    shutil.copy(REPO / ".dvc" / "config", repo / ".dvc" / "config")
+    (repo / "README.md").write_text("mini\n")
+    write_params(repo, SHORT)
+    run("git init -q && git config user.email t@example.com && git config user.name t && git add -A && "
+        "git commit -qm mini", repo)
+    t0 = time.time()
+    first = run([str(BIN / "dvc"), "repro"], repo)
+    print(f"mini pipeline: dvc repro took {time.time() - t0:.0f} s")
+    run("git add -A && git commit -qm 'pipeline outputs'", repo)
+    return {"repo": repo, "first": first}
+
+
+def test_repro_runs_every_stage_then_nothing(mini):
+    repo = mini["repo"]
+    assert stages_run(mini["first"].stdout) == NUMERIC | {"tasks"}
+    for name in ("test", "selection", "ablation", "threads", "faults", "preflight", "starting_policy"):
+        assert (repo / "reports" / f"{name}.json").exists(), name
+    assert (repo / "reports" / "capstone.md").exists()
+    again = run([str(BIN / "dvc"), "repro"], repo)
+    assert stages_run(again.stdout) == set()
+    assert "up to date" in again.stdout.lower()
+
+
+def test_each_stage_logs_exactly_one_mlflow_run(mini):
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{mini['repo']}/mlflow.db")
+    exp = client.get_experiment_by_name("agentrl")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    names = [r.info.run_name for r in runs]
+    assert sorted(names) == sorted(NUMERIC | {"tasks"})
+    test_run = next(r for r in runs if r.info.run_name == "test")
+    assert test_run.info.status == "FINISHED"
+    assert test_run.data.params["rl.lr"] and test_run.data.params["run.threads"] == "2"
+    tags = test_run.data.tags
+    for key in ("fingerprint", "git.commit", "git.dirty", "code_hash", "version.torch", "version.mlflow",
+                "version.dvc", "version.python", "version.agentrl"):
+        assert key in tags, key
+    assert any(k.startswith("input.") for k in tags)
+    prov = json.loads((mini["repo"] / "reports" / "test.json").read_text())["provenance"]
+    assert prov["mlflow_run_id"] == test_run.info.run_id and prov["fingerprint"] == tags["fingerprint"]
+
+
+def test_audit_names_the_run_and_turns_stale_when_a_param_changes(mini):
+    repo = mini["repo"]
+    spec = "reports/test.json:chosen.pass_at_1"
+    out = run([sys.executable, "-m", "agentrl", "audit", spec], repo)
+    prov = json.loads((repo / "reports" / "test.json").read_text())["provenance"]
+    assert prov["mlflow_run_id"] in out.stdout and prov["fingerprint"] in out.stdout
+    assert "rl.lr" in out.stdout and "current" in out.stdout.lower()
+    original = (repo / "params.yaml").read_text()
+    try:
+        (repo / "params.yaml").write_text(original.replace("lr: 0.0003", "lr: 0.0005"))
+        stale = run([sys.executable, "-m", "agentrl", "audit", spec], repo, check=False)
+        assert stale.returncode == 1 and "STALE" in stale.stdout and "rl.lr" in stale.stdout
+    finally:
+        (repo / "params.yaml").write_text(original)
+
+
+def test_thread_count_is_a_param_of_exactly_the_numeric_stages(mini):
+    repo = mini["repo"]
+    original = (repo / "params.yaml").read_text()
+    try:
+        (repo / "params.yaml").write_text(original.replace("threads: 2", "threads: 1", 1))
+        status = json.loads(run([str(BIN / "dvc"), "status", "--json"], repo).stdout)
+        assert set(status) == NUMERIC
+    finally:
+        (repo / "params.yaml").write_text(original)
+
+
+def test_adding_a_seed_runs_only_the_new_instances(mini):
+    repo = mini["repo"]
+    out = run([str(BIN / "dvc"), "exp", "run", "-S", "ablate.seeds=[0,1,2]"], repo)
+    assert stages_run(out.stdout) == {"ablate@default-2", "ablate@public-2", "ablate_summary", "report"}
+    summary = json.loads((repo / "reports" / "ablation.json").read_text())
+    assert summary["seeds"] == [0, 1, 2]
+    run("git checkout -q -- . && git clean -qfd reports", repo)
+    run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
+
+
+def test_parallel_queue_logs_every_run(mini):
+    import mlflow
+    repo = mini["repo"]
+    client = mlflow.MlflowClient(f"sqlite:///{repo}/mlflow.db")
+    exp = client.get_experiment_by_name("agentrl")
+    before = {r.info.run_id for r in client.search_runs([exp.experiment_id], max_results=5000)}
+    for seed in (3, 4):
+        run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"ablate.seeds=[0,1,{seed}]"], repo)
+    run([str(BIN / "dvc"), "queue", "start", "-j", "2"], repo)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(5)
+    assert "Failed" not in status, status
+    new = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if r.info.run_id not in before]
+    names = sorted(r.info.run_name for r in new)
+    # each queued experiment ran its new seed's two instances, the summary and the report
+    expected = sorted(["ablate@default-3", "ablate@public-3", "ablate@default-4", "ablate@public-4"]
+                      + ["ablate_summary", "report"] * 2)
+    assert [n for n in names if n in expected] == expected, names
+    assert all(r.info.status == "FINISHED" for r in new)
+    assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db")), "a queued run wrote its own store"
+
+
+def test_train_resumes_bit_identically_after_sigkill(mini, tmp_path):
+    repo = mini["repo"]
+    work = tmp_path / "resume"
+    shutil.copytree(repo, work, ignore=shutil.ignore_patterns(".dvc", "mlflow.db", "mlartifacts"))
+    shutil.copytree(repo / ".dvc", work / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
+    write_params(work, SHORT | {"train": {"steps": 6, "checkpoint_every": 2, "eval_per_task": 2}})
+    env = clone_env() | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/resume.db"}
+    ckpts = work / "data" / "train" / "checkpoints"
+
+    def uninterrupted():
+        shutil.rmtree(work / "data" / "train", ignore_errors=True)
+        run([sys.executable, "-m", "stages.train"], work, env=env)
+        return {p.name: p.read_bytes() for p in sorted(ckpts.glob("*.pt"))}, (work / "reports" / "train_dashboard.json").read_text()
+
+    reference, ref_history = uninterrupted()
+    shutil.rmtree(work / "data" / "train")
+    proc = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not (ckpts / "step_0002.pt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (ckpts / "step_0006.pt").exists(), "the run finished before it could be killed"
+    resumed = run([sys.executable, "-m", "stages.train"], work, env=env)
+    assert "resuming from checkpoint" in resumed.stdout
+    import torch
+    from agentrl.policy import read_checkpoint
+    a = read_checkpoint(ckpts / "step_0006.pt")
+    b_path = work / "reference.pt"
+    b_path.write_bytes(reference["step_0006.pt"])
+    b = read_checkpoint(b_path)
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    assert a["extra"]["history"] == b["extra"]["history"]
+    assert (work / "reports" / "train_dashboard.json").read_text() == ref_history
+
+
+@pytest.mark.parametrize("section,key,value,fragment", [
+    ("tasks", "bogus", 1, "tasks.bogus: unknown key"),
+    ("rl", "lr", "fast", "rl.lr"),
+    ("rl", "group_size", 1, "rl.group_size"),
+    ("run", "threads", 0, "run.threads"),
+    ("rl", "loss_mode", "mean", "rl.loss_mode"),
+])
+def test_bad_params_fail_before_any_output(mini, tmp_path, section, key, value, fragment):
+    work = tmp_path / "bad"
+    shutil.copytree(mini["repo"], work, ignore=shutil.ignore_patterns(".dvc", "data", "reports", "mlflow.db"))
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params[section][key] = value
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stage = "tasks" if section == "tasks" else "train"
+    env = clone_env() | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/bad.db"}
+    out = run([sys.executable, "-m", f"stages.{stage}"], work, check=False, env=env)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], out.stderr
+    assert not (work / "data").exists() and not (work / "reports").exists()
+    assert not (tmp_path / "bad.db").exists()
+
+
+def test_truncated_checkpoint_gives_a_clear_error(mini, tmp_path):
+    work = tmp_path / "trunc"
+    shutil.copytree(mini["repo"], work, ignore=shutil.ignore_patterns(".dvc", "mlflow.db"))
+    base = work / "data" / "models" / "base.pt"
+    base.write_bytes(base.read_bytes()[: base.stat().st_size // 2])
+    env = clone_env() | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/trunc.db"}
+    out = run([sys.executable, "-m", "stages.sft"], work, check=False, env=env)
+    assert out.returncode == 2
+    assert "data/models/base.pt" in out.stderr and "corrupted" in out.stderr and "Traceback" not in out.stderr
