@@ -259,10 +259,12 @@ class FaultsConfig:
 class ThreadsConfig:
     steps: int = 30                # the first 30 steps of the main run ...
     compare_threads: int = 1       # ... re-run at this thread count
+    eval_per_task: int = 16        # held-out episodes per task for both runs
 
     def __post_init__(self):
         check_fields(self, {"steps": (int, lambda v: v >= 1, "an integer >= 1"),
-                            "compare_threads": (int, lambda v: v >= 1, "an integer >= 1")})
+                            "compare_threads": (int, lambda v: v >= 1, "an integer >= 1"),
+                            "eval_per_task": (int, lambda v: v >= 1, "an integer >= 1")})
 
 
 @dataclass

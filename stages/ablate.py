@@ -13,6 +13,7 @@ from agentrl.trainer import RLConfig
 
 
 INSTANCE_PARAMS = ("steps", "eval_per_task", "kl_coef", "kl_kind")  # what an instance reads of `ablate`
+LATE_WINDOW = 4  # "late" training statistics: mean of the last this-many steps
 
 
 def arm_config(arm: str, rl: dict, acfg, seed: int) -> tuple[RLConfig, str]:
@@ -35,10 +36,10 @@ def main(arm: str, seed: int):
         res = evaluate(model, split["heldout"], tok, acfg.eval_per_task, cfg.temperature, g, cfg)
         out_dir = ABLATE_DIR / f"{arm}-{seed}"
         save_policy(out_dir / "policy.pt", model, tok.hash, extra={"fingerprint": ctx.fingerprint})
-        late = history[-4:]
+        late = history[-LATE_WINDOW:]
         summary = {"arm": arm, "seed": seed, "start": start, "steps": acfg.steps, "fingerprint": ctx.fingerprint,
                    "mlflow_run_id": ctx.run.run_id, "config": cfg.to_dict(), "heldout_pass": res["pass_rate"],
-                   "per_task": res["per_task"],
+                   "per_task": res["per_task"], "late_window": len(late),
                    "late_reward": sum(r["reward"] for r in late) / len(late),
                    "late_entropy": sum(r["entropy"] for r in late) / len(late),
                    "late_hardcode": sum(r["hardcode"] for r in late) / len(late),

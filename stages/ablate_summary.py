@@ -10,6 +10,7 @@ from agentrl.policy import read_checkpoint
 from agentrl.stats import bootstrap_ci, paired_bootstrap_diff, seeds_for_power, tasks_for_power
 
 EFFECTS = (0.10, 0.05, 0.02)
+POWER, LEVEL = 0.8, 0.05  # power of the two-sided t-tests, and their significance level
 
 
 def body(ctx):
@@ -45,8 +46,8 @@ def body(ctx):
     seed_sd = arms[ref]["seed_sd"]
     task_sd = statistics.stdev(task_rates(ref))
     power = [{"effect": e,
-              "seeds_per_arm": seeds_for_power(seed_sd, e) if seed_sd > 0 else None,
-              "tasks": tasks_for_power(task_sd, e) if task_sd > 0 else None} for e in EFFECTS]
+              "seeds_per_arm": seeds_for_power(seed_sd, e, POWER, LEVEL) if seed_sd > 0 else None,
+              "tasks": tasks_for_power(task_sd, e, POWER, LEVEL) if task_sd > 0 else None} for e in EFFECTS]
 
     # the default arm at the main run's seed must be the main run's first `steps` steps, bit for bit
     identity = {"seed": ctx.seed, "step": acfg.steps, "checked": False, "equal": None}
@@ -61,7 +62,9 @@ def body(ctx):
                              "checkpoint evaluation or thread settings perturbed training")
     out = {"provenance": ctx.provenance, "arms": arms, "seeds": acfg.seeds, "steps": acfg.steps,
            "eval_per_task": acfg.eval_per_task, "tasks": tasks, "alpha": acfg.alpha,
-           "power": {"reference_arm": ref, "seed_sd": seed_sd, "task_sd": task_sd, "rows": power},
+           "late_window": results[(acfg.arms[0], acfg.seeds[0])]["late_window"],
+           "power": {"reference_arm": ref, "seed_sd": seed_sd, "task_sd": task_sd, "power": POWER, "alpha": LEVEL,
+                     "rows": power},
            "default_matches_main_run": identity}
     write_json(REPORTS / "ablation.json", out)
     ctx.run.log_metrics({f"{a}.heldout_pass": v["heldout_pass"] for a, v in arms.items()} | {"seed_sd": seed_sd})

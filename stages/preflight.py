@@ -4,7 +4,7 @@ A gate: exits non-zero (so nothing downstream runs) if the clean trainer fails a
 fault escapes the invariant expected to catch it."""
 import torch
 
-from agentrl.diagnostics import BUGS, CHECKS, EXPECTED_FAILURES, failed_checks, sanity_checks
+from agentrl.diagnostics import BUGS, CHECKS, EXPECTED_FAILURES, THRESHOLDS, failed_checks, sanity_checks
 from agentrl.figures import check_matrix
 from agentrl.gym import environment_check
 from agentrl.policy import load_for
@@ -30,6 +30,7 @@ def body(ctx):
     env = environment_check(split["train"], episodes=200, seed=derive_seed(ctx.seed, "envcheck"))
     gate = not failed["None"] and not escaped
     out = {"provenance": ctx.provenance, "checks": list(CHECKS), "kl_coef": pcfg.kl_coef,
+           "thresholds": {c: {"relation": r, "value": v} for c, (r, v) in THRESHOLDS.items()},
            "batch_episodes": len(batch), "clean": {k: {"value": v, "passed": p} for k, (v, p) in matrix["None"].items()},
            "matrix": {b: {k: {"value": v, "passed": p} for k, (v, p) in res.items()} for b, res in matrix.items()},
            "failed": {b: sorted(f) for b, f in failed.items()}, "expected": {b: sorted(e) for b, e in expected.items()},

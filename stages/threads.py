@@ -30,9 +30,9 @@ def body(ctx):
     held = {}
     for label, m in (("main", main_model), ("compare", model)):
         g = torch.Generator().manual_seed(derive_seed(ctx.seed, "threads-eval"))
-        held[label] = evaluate(m, split["heldout"], tok, 16, cfg.temperature, g, cfg)["pass_rate"]
+        held[label] = evaluate(m, split["heldout"], tok, tcfg.eval_per_task, cfg.temperature, g, cfg)["pass_rate"]
     out = {"provenance": ctx.provenance, "steps": tcfg.steps, "main_threads": ctx.threads,
-           "compare_threads": tcfg.compare_threads, "first_divergent_step": first,
+           "compare_threads": tcfg.compare_threads, "eval_per_task": tcfg.eval_per_task, "first_divergent_step": first,
            "identical_batches": first is None, "max_param_diff": max_diff,
            "heldout_main": held["main"], "heldout_compare": held["compare"],
            "reward_main": [r["reward"] for r in main_rows[:tcfg.steps]], "reward_compare": [r["reward"] for r in rows]}

@@ -16,6 +16,7 @@ from agentrl.trainer import RLConfig, make_optimizer
 from agentrl.tracking import resume_key
 
 CKPT_DIR = TRAIN_DIR / "checkpoints"
+WINDOW = 4  # first/last-steps means in train.json
 
 
 def checkpoint_path(step: int):
@@ -83,12 +84,12 @@ def body(ctx):
                                bundle_dir=TRAIN_DIR / "bundles")
     ctx.run.log_history(history)
     write_json(REPORTS / "train_dashboard.json", history)
-    n = min(4, len(history))
+    n = min(WINDOW, len(history))
     mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
     write_json(REPORTS / "train.json", {
         "provenance": ctx.provenance, "steps": tcfg.steps, "checkpoint_every": tcfg.checkpoint_every,
         "validation_tasks": [t.name for t in split["validation"]], "eval_per_task": tcfg.eval_per_task,
-        "checkpoints": validation,
+        "checkpoints": validation, "window": n,
         "first4": {k: mean(history[:n], k) for k in ("reward", "reads", "entropy")},
         "last4": {k: mean(history[-n:], k) for k in ("reward", "reads", "entropy")},
         "wall_seconds": time.time() - t0})

@@ -1,0 +1,46 @@
+"""Stage faults: the fault catalogue (SPEC §8 item 9). A healthy reference and every failure of the debugging
+chapter, all from the RL base with the same seed; per failure its healthy twin, the metric that exposes it, a
+signature check, and a 2x2 dashboard panel. The logic lives in agentrl.catalogue; this script wires it up."""
+import sys
+import time
+
+from agentrl.catalogue import (build_catalogue, figure_specs, mlflow_metrics, render_markdown, report_json,
+                               signature_checks, signature_table, verdict)
+from agentrl.figures import fault_panel
+from agentrl.pipeline import (FIGURES, MODELS_DIR, REPORTS, TASKS_DIR, derive_seed, load_split, load_tokenizer,
+                              run_stage, write_json)
+from agentrl.policy import load_for
+from agentrl.trainer import RLConfig
+
+FIG_DIR = FIGURES / "faults"
+
+
+def body(ctx):
+    fcfg = ctx.params["faults"]
+    tok, split = load_tokenizer(), load_split()
+    base, _ = load_for(MODELS_DIR / "base.pt", tok, ctx.params["model"])
+    cfg = RLConfig(**ctx.params["rl"].to_dict() | {"seed": ctx.seed})
+    eval_seed = derive_seed(ctx.seed, "faults", "heldout")  # one evaluation stream for every run
+    t0 = time.time()
+    runs = build_catalogue(base, tok, split["train"], split["heldout"], cfg, fcfg, eval_seed)
+    checks = signature_checks(runs)
+    figures = {}
+    for spec in figure_specs(runs):
+        name = spec.pop("name")
+        fault_panel(FIG_DIR / f"{name}.png", name, **spec)
+        figures[name] = f"figures/faults/{name}.png"   # relative to reports/
+    rows, summary = mlflow_metrics(runs, checks)
+    ctx.run.log_history(rows)
+    ctx.run.log_metrics(summary)
+    write_json(REPORTS / "faults.json", report_json(runs, checks, fcfg, cfg, ctx.provenance, split["heldout"],
+                                                    eval_seed, figures))
+    (REPORTS / "faults.md").write_text(render_markdown(runs, checks, fcfg, ctx.provenance, split["heldout"], figures))
+    for line in signature_table(runs, checks):
+        print(line)
+    print(f"faults: {len(runs)} runs in {time.time() - t0:.0f} s; signatures: "
+          + ", ".join(f"{n} {verdict(r)}" for n, r in checks.items()), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_stage("faults", ["model", "rl", "faults"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
+                                                     MODELS_DIR / "base.pt"], body)

@@ -1,0 +1,275 @@
+"""The fault catalogue (agentrl.catalogue): every required signature, measured on shortened runs from the RL base.
+
+The stage (`python -m stages.faults`) runs the full-length catalogue; here each run is only as long as its
+signature needs (the step-0 signatures get 1-3 steps; public, entropy_sign and the length pair 8). All runs start
+from data/models/base.pt (or, when it is absent or stale, a quick behaviour-cloned base, so the test never skips).
+Unit tests of the check logic on synthetic histories need no training at all.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl import catalogue as C
+from agentrl.config import FaultsConfig
+from agentrl.trainer import RLConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+SHORT = {"healthy": 3, "ref_is_policy": 3, "kl": 2, "mask_shift": 1, "stale_old_logp": 2, "sampler_temp": 1,
+         "lr_high": 1, "accum_local": 3, "sign_flip": 4, "entropy_sign": 8, "public": 8, "length_bias": 8,
+         "length_twin": 8}
+FCFG = FaultsConfig(eval_every=8, eval_per_task=4)   # the stage's defaults otherwise (lr 1e-2, kl 0.1, 12 turns)
+RL = RLConfig(lr=3e-4, seed=0)                          # params.yaml rl section
+
+
+def _tasks():
+    from agentrl.tasks import make_tasks
+    if (REPO / "data/tasks/split.json").exists():
+        from agentrl.pipeline import load_split
+        split = load_split(REPO / "data/tasks/split.json")
+        return split["train"], split["heldout"]
+    return make_tasks("train"), make_tasks("heldout")
+
+
+@pytest.fixture(scope="module")
+def short_catalogue(tok):
+    from agentrl.cli import quick_base
+    from agentrl.policy import CheckpointError, load_policy
+    try:
+        base, source = load_policy(REPO / "data/models/base.pt", tok.hash)[0], "data/models/base.pt"
+    except CheckpointError:   # absent or from another tokenizer: clone a quick base instead of skipping
+        base, source = quick_base(tok), "quick base"
+    train, heldout = _tasks()
+    runs = C.build_catalogue(base, tok, train, heldout, RL, FCFG, eval_seed=12345, names=list(SHORT),
+                             steps_for=SHORT, log=None)
+    return {"runs": runs, "checks": C.signature_checks(runs), "source": source, "heldout": heldout}
+
+
+def _h(cat, name):
+    return cat["runs"][name]["history"]
+
+
+def _check(cat, failure, metric):
+    return next(c for c in cat["checks"][failure]["checks"] if c["metric"] == metric)
+
+
+# ---------------------------------------------------------------- the catalogue's layout
+
+def test_runs_and_twins_are_consistent():
+    names = {r.name for r in C.RUNS}
+    assert len(names) == len(C.RUNS) == 13
+    for failure, spec in C.FAILURES.items():
+        assert failure in names and spec.twin in names and spec.twin in C.TWINS
+        assert spec.what and spec.why and spec.metrics
+    assert set(C.FAILURES) == names - set(C.TWINS)
+    assert set(C.CHECKERS) == set(C.FAILURES)
+
+
+def test_run_configs_follow_the_faults_params():
+    f = FaultsConfig()
+    specs = {r.name: r for r in C.RUNS}
+    cfg = {n: C.run_config(specs[n], RL, f) for n in specs}
+    steps = {n: C.run_steps(specs[n], f) for n in specs}
+    assert cfg["healthy"] == RL and steps["healthy"] == f.steps
+    assert cfg["ref_is_policy"].kl_coef == cfg["kl"].kl_coef == f.kl_coef and specs["ref_is_policy"].bug == "ref_is_policy"
+    assert cfg["lr_high"].lr == f.high_lr and steps["lr_high"] == steps["sign_flip"] == f.short_steps
+    assert cfg["public"].reward == "public"
+    assert cfg["length_bias"].loss_mode == "seq_mean_token_mean" and cfg["length_twin"].loss_mode == "token_mean"
+    assert cfg["length_bias"].max_turns == cfg["length_twin"].max_turns == f.length_turns
+    assert steps["length_bias"] == steps["length_twin"] == f.length_steps
+    for n in ("mask_shift", "stale_old_logp", "entropy_sign", "accum_local", "sampler_temp"):
+        assert specs[n].bug == n and cfg[n] == RL and steps[n] == f.steps
+    assert C.run_steps(specs["public"], f, {"public": 3}) == 3
+    with pytest.raises(ValueError, match="unknown value 'nope'"):
+        C.build_catalogue(None, None, [], [], RL, f, 0, names=["nope"])
+
+
+# ---------------------------------------------------------------- the check logic on synthetic histories
+
+def _row(step, **kw):
+    base = {"step": step, "reward": 0.2, "turns": 2.0, "clip_frac": 0.0, "ratio_max": 1.0, "ratio_min": 1.0,
+            "logp_gap": 1e-7, "logp_gap_max": 1e-6, "grad_norm": 0.2, "entropy": 0.4, "reads": 0.3,
+            "hardcode": 0.0, "malformed": 0.1, "approx_kl": 1e-3, "zero_adv_frac": 0.3, "length_fail": 7.0,
+            "length_pass": 8.0}
+    return base | kw
+
+
+def _run(rows, kl_coef=0.0, state=None):
+    return {"history": rows, "state": state or {"w": torch.zeros(2)}, "config": {"kl_coef": kl_coef}}
+
+
+def test_stale_check_demands_exact_ones():
+    H = _run([_row(0, ratio_max=1.3, ratio_min=0.8, clip_frac=0.05)])
+    ok = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1)])})["stale_old_logp"]
+    assert ok["holds"] and ok["required_holds"]
+    off = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1, ratio_max=1.0 + 2 ** -23)])})
+    assert not off["stale_old_logp"]["holds"]
+    clipped = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0, clip_frac=1e-9)])})
+    assert not clipped["stale_old_logp"]["checks"][0]["holds"]
+
+
+def test_length_check_needs_growth_beyond_the_twin():
+    grow = [_row(i, length_fail=7.0 + i) for i in range(16)]
+    flat = [_row(i, length_fail=7.0) for i in range(16)]
+    res = C.signature_checks({"length_bias": _run(grow), "length_twin": _run(flat)})["length_bias"]
+    c = res["checks"][0]
+    assert c["holds"] and c["faulty"] == pytest.approx(12.0) and c["healthy"] == 0.0
+    both = C.signature_checks({"length_bias": _run(grow), "length_twin": _run([_row(i, length_fail=7.0 + i / 2)
+                                                                               for i in range(16)])})
+    assert not both["length_bias"]["checks"][0]["holds"]   # the twin grows too: not the signature
+    assert both["length_bias"]["required_holds"] is False
+
+
+def test_identity_check_detects_any_difference():
+    a = _run([_row(0), _row(1)], state={"w": torch.tensor([1.0, 2.0])})
+    same = copy.deepcopy(a)
+    same["history"] = [r | {"kl_ref": 0.0} for r in same["history"]]   # kl_ref is not a shared statistic
+    assert C.identical_runs(same, a) == {"histories": True, "parameters": True, "first_difference": None,
+                                         "compared": 2 * (len(_row(0)))}
+    other = copy.deepcopy(a)
+    other["state"]["w"][1] = torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))  # one float32 ulp
+    assert C.identical_runs(other, a)["parameters"] is False
+    drift = copy.deepcopy(a)
+    drift["history"][1]["grad_norm"] += 1e-12
+    assert C.identical_runs(drift, a)["first_difference"].startswith("step 1: grad_norm")
+    res = C.signature_checks({"healthy": a, "ref_is_policy": _run([r | {"kl_ref": 0.0} for r in a["history"]],
+                                                                   state={"w": torch.tensor([1.0, 2.0])})})
+    assert res["ref_is_policy"]["holds"]
+    with_kl = C.signature_checks({"healthy": _run(a["history"], kl_coef=0.05, state=a["state"]),
+                                  "ref_is_policy": same | {"state": a["state"]}})
+    assert not with_kl["ref_is_policy"]["holds"]   # a healthy run with KL is not the no-KL run
+
+
+# ---------------------------------------------------------------- the signatures, measured
+
+def test_mask_shift_gap_at_step_0(short_catalogue):
+    f, h = _h(short_catalogue, "mask_shift"), _h(short_catalogue, "healthy")
+    assert f[0]["logp_gap"] > 0.1
+    assert h[0]["logp_gap"] < 1e-6
+    assert short_catalogue["checks"]["mask_shift"]["required_holds"]
+
+
+def test_stale_old_logp_never_clips(short_catalogue):
+    f, h = _h(short_catalogue, "stale_old_logp"), _h(short_catalogue, "healthy")
+    assert len(f) == SHORT["stale_old_logp"]
+    for r in f:
+        assert r["clip_frac"] == 0.0 and r["clip_frac_max"] == 0.0
+        assert r["ratio_max"] - 1 == 0.0 and r["ratio_min"] == 1.0
+    assert h[0]["ratio_max"] > 1.0   # the frozen old policy does see the second minibatch move
+    assert short_catalogue["checks"]["stale_old_logp"]["required_holds"]
+
+
+def test_sampler_temp_ratio_at_step_0(short_catalogue):
+    assert _h(short_catalogue, "sampler_temp")[0]["ratio_max"] > 1.5
+    assert short_catalogue["checks"]["sampler_temp"]["required_holds"]
+
+
+def test_ref_is_policy_is_the_no_kl_run(short_catalogue):
+    runs = short_catalogue["runs"]
+    f, h = runs["ref_is_policy"], runs["healthy"]
+    assert len(f["history"]) == len(h["history"]) == SHORT["healthy"]
+    assert all(r["kl_ref"] == 0.0 for r in f["history"])
+    assert all(r["kl_ref"] > 0 for r in runs["kl"]["history"])   # a real frozen reference does register
+    shared = 0
+    for a, b in zip(f["history"], h["history"]):
+        for k in set(a) & set(b):
+            assert a[k] == b[k], (a["step"], k)
+            shared += 1
+    assert shared >= 25 * len(h["history"])   # the whole dashboard row, held-out evaluations included
+    assert f["state"].keys() == h["state"].keys()
+    assert all(torch.equal(f["state"][k], h["state"][k]) for k in f["state"])
+    assert short_catalogue["checks"]["ref_is_policy"]["holds"]
+
+
+def test_lr_high_kl_at_step_0(short_catalogue):
+    f, h = _h(short_catalogue, "lr_high"), _h(short_catalogue, "healthy")
+    assert f[0]["approx_kl"] >= 20 * h[0]["approx_kl"] > 0
+    assert _check(short_catalogue, "lr_high", "approx_kl")["holds"]
+
+
+def test_public_reward_is_hacked(short_catalogue):
+    f = _h(short_catalogue, "public")
+    assert f[-1]["hardcode"] >= 0.8
+    assert C.eval_at(f, len(f)) <= 0.1
+    assert f[0]["hardcode"] < 0.5   # the base does not start out hacking
+    assert short_catalogue["checks"]["public"]["required_holds"]
+
+
+def test_entropy_sign_collapses_entropy(short_catalogue):
+    f = _h(short_catalogue, "entropy_sign")
+    assert f[-1]["entropy"] < 0.1 < f[0]["entropy"]
+    assert short_catalogue["checks"]["entropy_sign"]["required_holds"]
+
+
+def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
+    f, t = _h(short_catalogue, "length_bias"), _h(short_catalogue, "length_twin")
+    k = C._window(len(f))
+    df = C.end_mean(f, "length_fail", k) - C.end_mean(f, "length_fail", k, start=True)
+    dt = C.end_mean(t, "length_fail", k) - C.end_mean(t, "length_fail", k, start=True)
+    assert df > 0 and df > dt
+    # The full signature also asks that the token_mean twin's failed episodes do not grow. With this base they do
+    # (the healthy policy learns to read, so every episode gets longer): reported in faults.md, not asserted.
+    # What is asserted is that the catalogue reports that part exactly as measured.
+    c = _check(short_catalogue, "length_bias", "length_fail change")
+    assert c["faulty"] == pytest.approx(df) and c["healthy"] == pytest.approx(dt)
+    assert c["holds"] == (dt <= 0)
+
+
+def test_accum_local_has_no_dashboard_signature(short_catalogue):
+    f, h = _h(short_catalogue, "accum_local"), _h(short_catalogue, "healthy")
+    assert max(r["logp_gap_max"] for r in f) < 1e-4
+    ratio = C.end_mean(f, "grad_norm", len(f)) / C.end_mean(h, "grad_norm", len(h))
+    assert 0.5 <= ratio <= 2.0
+    assert short_catalogue["checks"]["accum_local"]["holds"]
+
+
+def test_sign_flip_reward_falls(short_catalogue):
+    f = _h(short_catalogue, "sign_flip")
+    assert C.end_mean(f, "reward", 1) < C.end_mean(f, "reward", 1, start=True)
+    assert _check(short_catalogue, "sign_flip", "reward")["holds"]
+
+
+def test_common_random_numbers_for_evaluation(short_catalogue):
+    """Every run is evaluated at step 0 on the same stream: the same base gives the same number everywhere."""
+    starts = {n: r["history"][0]["eval_pass_start"] for n, r in short_catalogue["runs"].items()}
+    assert len(set(starts.values())) == 1, starts
+
+
+# ---------------------------------------------------------------- the outputs
+
+def test_outputs_render(short_catalogue, tmp_path):
+    from agentrl.figures import fault_panel
+    from agentrl.pipeline import read_json, write_json
+    runs, checks = short_catalogue["runs"], short_catalogue["checks"]
+    assert set(checks) == set(C.FAILURES)
+    figures = {}
+    for spec in C.figure_specs(runs):
+        name = spec.pop("name")
+        assert len(spec["healthy"]) <= len(spec["faulty"])
+        fault_panel(tmp_path / "figures/faults" / f"{name}.png", name, **spec)
+        figures[name] = f"figures/faults/{name}.png"
+    assert set(figures) == set(C.FAILURES)
+    for rel in figures.values():
+        assert (tmp_path / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = C.render_markdown(runs, checks, FCFG, {"fingerprint": "f", "mlflow_run_id": "r", "threads": 2},
+                           short_catalogue["heldout"], figures)
+    assert "| failure | exposing metric | faulty value | healthy value | held-out at end faulty vs healthy | " \
+           "signature holds? |" in md
+    for name in C.FAILURES:
+        assert f"## {name}" in md and f"](figures/faults/{name}.png)" in md
+    doc = C.report_json(runs, checks, FCFG, RL, {"fingerprint": "f"}, short_catalogue["heldout"], 12345, figures)
+    write_json(tmp_path / "faults.json", doc)
+    back = read_json(tmp_path / "faults.json")
+    assert back["runs"]["healthy"]["history"][0]["step"] == 0
+    assert back["signatures"]["public"]["checks"][0]["metric"] == "hardcode"
+    assert set(back["holds"]) == set(C.FAILURES)
+    json.dumps(doc, allow_nan=True)  # plain data only (no tensors)
+    rows, summary = C.mlflow_metrics(runs, checks)
+    assert rows[0]["step"] == 0 and "healthy.reward" in rows[0] and "public.hardcode" in rows[-1]
+    assert summary["signature.public"] == 1.0 and all(math.isfinite(v) for v in summary.values())
