@@ -18,6 +18,7 @@ from agentrl.evaluation import behavior_stats, evaluate
 from agentrl.objectives import compute_advantages
 from agentrl.policy import ModelConfig, TinyAgent
 from agentrl.rollout import OWNER, collate, sample_step
+from agentrl.trainer import make_ref as trainer_make_ref
 from agentrl.trainer import (RLConfig, accumulate_backward, env_factory_for, forward_logp, kl_to_ref, make_optimizer,
                              mb_view, minibatch_loss, minibatch_slices, pre_update_pass, ref_log_probs,
                              summarize_minibatches,
@@ -115,12 +116,7 @@ def prepare_batch(trajs: list, tok, cfg: RLConfig, bug: str | None = None, width
 
 def make_ref(model, bug: str | None = None):
     """The KL reference: a frozen copy of the policy (ref_is_policy: the live policy object itself)."""
-    if bug == "ref_is_policy":
-        return model
-    ref = copy.deepcopy(model)
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+    return model if bug == "ref_is_policy" else trainer_make_ref(model)
 
 
 def minibatch_backward(model, mb: dict, old_logp, ref_logp, cfg: RLConfig, bug: str | None = None):

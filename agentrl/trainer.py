@@ -15,6 +15,7 @@ from agentrl.objectives import (aggregate_loss, compute_advantages, entropy_bonu
                                 entropy_from_logits, kl_penalty, masked_mean, policy_loss, selected_log_probs)
 from agentrl.rollout import Trajectory, collate, sample_step
 
+
 def env_factory_for(cfg: RLConfig):
     return make_env_factory(cfg.max_turns, cfg.reward, cfg.rename)
 
