@@ -30,6 +30,23 @@ def test_instrumented_trainer_is_bit_identical(rl_base, tok):
         assert {k: r1[k] for k in shared} == {k: r2[k] for k in shared}
 
 
+def test_checkpoint_hook_does_not_perturb_training(rl_base, tok, tmp_path):
+    """A hook that evaluates on its own generator and saves a frozen copy every 2 steps leaves the run intact."""
+    from agentrl.evaluation import evaluate
+    from agentrl.policy import save_policy
+
+    def hook(step, model, optimizer, generator, history):
+        if step % 2 == 0:
+            evaluate(model, make_tasks("validation"), tok, 4, 1.0, torch.Generator().manual_seed(step), RLConfig())
+            save_policy(tmp_path / f"step_{step}.pt", model, tok.hash, extra={"optimizer": optimizer.state_dict()})
+    m1, m2 = copy.deepcopy(rl_base), copy.deepcopy(rl_base)
+    h1 = train_logged(m1, make_tasks("train"), tok, RLConfig(), 6, hook=hook)
+    h2 = train_logged(m2, make_tasks("train"), tok, RLConfig(), 6)
+    assert len(list(tmp_path.glob("step_*.pt"))) == 4
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert h1 == h2
+
+
 @pytest.fixture(scope="module")
 def matrix(rl_base, tok):
     cfg = RLConfig(kl_coef=0.1)

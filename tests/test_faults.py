@@ -2,7 +2,8 @@
 
 The stage (`python -m stages.faults`) runs the full-length catalogue; here each run is only as long as its
 signature needs (the step-0 signatures get 1-3 steps; public, entropy_sign and the length pair 8). All runs start
-from data/models/base.pt (or, when it is absent or stale, a quick behaviour-cloned base, so the test never skips).
+from the `rl_base` fixture: the pipeline's RL base, rebuilt with the library defaults (bit-identical to
+data/models/base.pt at 2 threads), so the tests do not depend on a previous `dvc repro`.
 Unit tests of the check logic on synthetic histories need no training at all.
 """
 from __future__ import annotations
@@ -28,27 +29,13 @@ FCFG = FaultsConfig(eval_every=8, eval_per_task=4)   # the stage's defaults othe
 RL = RLConfig(lr=3e-4, seed=0)                          # params.yaml rl section
 
 
-def _tasks():
-    from agentrl.tasks import make_tasks
-    if (REPO / "data/tasks/split.json").exists():
-        from agentrl.pipeline import load_split
-        split = load_split(REPO / "data/tasks/split.json")
-        return split["train"], split["heldout"]
-    return make_tasks("train"), make_tasks("heldout")
-
-
 @pytest.fixture(scope="module")
-def short_catalogue(tok):
-    from agentrl.cli import quick_base
-    from agentrl.policy import CheckpointError, load_policy
-    try:
-        base, source = load_policy(REPO / "data/models/base.pt", tok.hash)[0], "data/models/base.pt"
-    except CheckpointError:   # absent or from another tokenizer: clone a quick base instead of skipping
-        base, source = quick_base(tok), "quick base"
-    train, heldout = _tasks()
-    runs = C.build_catalogue(base, tok, train, heldout, RL, FCFG, eval_seed=12345, names=list(SHORT),
+def short_catalogue(tok, rl_base):
+    from agentrl.tasks import make_tasks
+    train, heldout = make_tasks("train"), make_tasks("heldout")
+    runs = C.build_catalogue(rl_base, tok, train, heldout, RL, FCFG, eval_seed=12345, names=list(SHORT),
                              steps_for=SHORT, log=None)
-    return {"runs": runs, "checks": C.signature_checks(runs), "source": source, "heldout": heldout}
+    return {"runs": runs, "checks": C.signature_checks(runs), "source": "rl_base", "heldout": heldout}
 
 
 def _h(cat, name):
