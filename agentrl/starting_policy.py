@@ -17,6 +17,7 @@ from agentrl.gym import NAME_POOL, REPAIR_OPS, call_tokens, keyword_rule, make_e
 from agentrl.objectives import masked_mean
 from agentrl.policy import ModelConfig, TinyAgent
 from agentrl.rollout import OWNER, Trajectory, collate
+from agentrl.tasks import make_tasks
 from agentrl.config import BaseConfig, ConfigError
 from agentrl.trainer import forward_logp
 
@@ -232,10 +233,11 @@ def mixture_demos(tasks: list, tok, cfg: BaseConfig, generator: torch.Generator,
     return demos
 
 
-def make_rl_base(tok, tasks: list, cfg: BaseConfig | None = None, model_cfg: ModelConfig | None = None,
+def make_rl_base(tok, tasks: list | None = None, cfg: BaseConfig | None = None, model_cfg: ModelConfig | None = None,
                  seed: int = 0) -> tuple[TinyAgent, dict]:
-    """The 'pretrained' starting policy: a fresh TinyAgent cloned from the scripted mixture played on the
-    given (train) tasks. Deterministic given the seed. Returns (model, info)."""
+    """The 'pretrained' starting policy: a fresh TinyAgent cloned from the scripted mixture played on the train
+    tasks (or the given ones). Deterministic given the seed and the thread count. Returns (model, info)."""
+    tasks = make_tasks("train") if tasks is None else tasks
     cfg = cfg or BaseConfig()
     model_cfg = model_cfg or ModelConfig(vocab_size=len(tok))
     gen = torch.Generator().manual_seed(seed)
