@@ -180,6 +180,75 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
     return out
 
 
+def length_seed_sweep(base, tok, train_tasks: list, base_cfg: RLConfig, fcfg, seeds, log=sys.stderr) -> list[dict]:
+    """The length pair (length_bias and its twin, without held-out evaluation, which never touches training)
+    again at each of `seeds`: per seed the failed- and passed-episode length changes of both runs and whether
+    the signature holds, measured exactly as the catalogue's own check does."""
+    specs = {r.name: r for r in RUNS}
+    rows = []
+    for seed in seeds:
+        t0 = time.time()
+        hist = {}
+        for name in ("length_bias", "length_twin"):
+            cfg = replace(run_config(specs[name], base_cfg, fcfg), seed=int(seed))
+            hist[name] = train_logged(copy.deepcopy(base), train_tasks, tok, cfg, run_steps(specs[name], fcfg))
+        f, t = hist["length_bias"], hist["length_twin"]
+        k = _window(min(len(f), len(t)))
+        row = {"seed": int(seed), "window": k, "steps": len(f)}
+        for side, h in (("faulty", f), ("twin", t)):
+            for key in ("length_fail", "length_pass"):
+                short = key.split("_")[1]
+                row[f"{side}_{short}_start"] = end_mean(h, key, k, start=True)
+                row[f"{side}_{short}_end"] = end_mean(h, key, k)
+                row[f"{side}_{short}_change"] = _delta(h, key, k)
+            row[f"{side}_reward_end"] = end_mean(h, "reward", k)
+        row["holds"] = length_signature(row["faulty_fail_change"], row["twin_fail_change"])
+        rows.append(row)
+        if log is not None:
+            print(f"faults: length pair at seed {seed}: length_fail change {_fmt(row['faulty_fail_change'])} vs "
+                  f"twin {_fmt(row['twin_fail_change'])} ({time.time() - t0:.1f} s)", file=log, flush=True)
+    return rows
+
+
+def length_sweep_summary(rows: list[dict], main: dict | None = None) -> dict:
+    """Counts over the sweep's seeds, plus (if given) the catalogue's own length_bias check as one more seed."""
+    pairs = [(r["faulty_fail_change"], r["twin_fail_change"]) for r in rows]
+    if main is not None:
+        c = main["checks"][0]
+        pairs.append((c["faulty"], c["healthy"]))
+    ok = [(df, dt) for df, dt in pairs if _num(df, dt)]
+    return {"seeds": len(pairs),
+            "faulty_grows": sum(df >= ONE_CALL_TOKENS for df, _ in ok),
+            "faulty_above_twin": sum(df > dt for df, dt in ok),
+            "twin_flat": sum(dt < ONE_CALL_TOKENS for _, dt in ok),
+            "holds": sum(length_signature(df, dt) for df, dt in ok)}
+
+
+def length_sweep_note(rows: list[dict], main_seed: int, main: dict | None = None) -> str:
+    """Markdown for the length_bias section: the pair at further seeds, and the counts including the main seed."""
+    if not rows:
+        return ""
+    s = length_sweep_summary(rows, main)
+    n = s["seeds"]
+    L = [f"**Across seeds.** The same pair at seeds {', '.join(str(r['seed']) for r in rows)} (training only; "
+         f"the catalogue's own runs use seed {main_seed}). Over all {n} seeds the faulty run's failed episodes grow "
+         f"by at least one call at {s['faulty_grows']}/{n} and more than the twin's at {s['faulty_above_twin']}/{n}; "
+         f"the twin's stay within one call at {s['twin_flat']}/{n}; the whole signature holds at {s['holds']}/{n}.",
+         "", "| seed | length_fail, faulty | length_fail, twin | length_pass change, faulty / twin | "
+         "train reward at the end, faulty / twin | signature holds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {r['seed']} | {_fmt(r['faulty_fail_start'])} → {_fmt(r['faulty_fail_end'])} "
+                 f"({_signed(r['faulty_fail_change'])}) | {_fmt(r['twin_fail_start'])} → {_fmt(r['twin_fail_end'])} "
+                 f"({_signed(r['twin_fail_change'])}) | {_signed(r['faulty_pass_change'])} / "
+                 f"{_signed(r['twin_pass_change'])} | {_fmt(r['faulty_reward_end'])} / {_fmt(r['twin_reward_end'])} | "
+                 f"{'yes' if r['holds'] else '**no**'} |")
+    return "\n".join(L)
+
+
+def _signed(v) -> str:
+    return "—" if not _finite(v) else f"{v:+.3g}"
+
+
 # ---------------------------------------------------------------- reading a history
 
 def _finite(x) -> bool:
@@ -356,13 +425,25 @@ def _check_public(f, H, runs):
                    "faulty <= 0.1", _num(ev) and ev <= 0.1, faulty_start=eval_at(f, 0))]
 
 
+# "Grows" for a per-step length is read at the resolution of behaviour: one tool call (the shortest call,
+# `<call> read </call>`, is 3 policy tokens). A twin whose failed episodes end less than one call longer has not
+# grown (a flat but noisy series is above its start half the time, so "<= 0" would be a coin flip).
+ONE_CALL_TOKENS = 3.0
+LENGTH_CRITERION = (f"faulty grows by >= one call ({ONE_CALL_TOKENS:g} tokens) and more than twin; "
+                    "twin < one call")
+
+
+def length_signature(df, dt) -> bool:
+    """The length-bias signature on the failed-episode length changes of the faulty run (df) and its twin (dt)."""
+    return _num(df, dt) and df >= ONE_CALL_TOKENS and df > dt and dt < ONE_CALL_TOKENS
+
+
 def _check_length_bias(f, t, runs):
     k = _window(min(len(f), len(t)))
     df, dt = _delta(f, "length_fail", k), _delta(t, "length_fail", k)
     dp, dpt = _delta(f, "length_pass", k), _delta(t, "length_pass", k)
-    return [_check("length_fail change", f"mean of last {k} minus first {k} steps", df, dt,
-                   "faulty > 0 and faulty > twin and twin <= 0",
-                   _num(df, dt) and df > 0 and df > dt and dt <= 0,
+    return [_check("length_fail change", f"mean of last {k} minus first {k} steps", df, dt, LENGTH_CRITERION,
+                   length_signature(df, dt),
                    faulty_start=end_mean(f, "length_fail", k, start=True), faulty_end=end_mean(f, "length_fail", k),
                    healthy_start=end_mean(t, "length_fail", k, start=True), healthy_end=end_mean(t, "length_fail", k)),
             _check("length_pass change", f"mean of last {k} minus first {k} steps", dp, dpt,
@@ -473,13 +554,14 @@ def verdict(res: dict) -> str:
 
 
 def report_json(runs: dict, checks: dict, fcfg, base_cfg: RLConfig, provenance: dict, eval_tasks: list,
-                eval_seed: int, figures: dict) -> dict:
+                eval_seed: int, figures: dict, length_sweep: list | None = None) -> dict:
     """Everything reports/faults.json holds (run states excluded)."""
     specs = {r.name: r for r in RUNS}
     return {
         "provenance": provenance,
         "faults_params": {k: getattr(fcfg, k) for k in ("steps", "short_steps", "length_steps", "length_turns",
-                                                        "eval_every", "eval_per_task", "high_lr", "kl_coef")},
+                                                        "eval_every", "eval_per_task", "high_lr", "kl_coef",
+                                                        "length_extra_seeds")},
         "base_config": base_cfg.to_dict(),
         "evaluation": {"tasks": [t.name for t in eval_tasks], "per_task": fcfg.eval_per_task,
                        "every": fcfg.eval_every, "seed": eval_seed, "reward": "hidden"},
@@ -495,6 +577,8 @@ def report_json(runs: dict, checks: dict, fcfg, base_cfg: RLConfig, provenance: 
         "holds": {name: verdict(res) for name, res in checks.items()},
         "required_hold": all(res["required_holds"] is not False for res in checks.values()),
         "total_seconds": sum(r["seconds"] for r in runs.values()),
+        "length_seed_sweep": {"rows": length_sweep or [],
+                              "summary": length_sweep_summary(length_sweep or [], checks.get("length_bias"))},
     }
 
 
@@ -571,9 +655,10 @@ def signature_table(runs: dict, checks: dict) -> list[str]:
 
 
 def render_markdown(runs: dict, checks: dict, fcfg, provenance: dict, eval_tasks: list, figures: dict,
-                    notes: dict | None = None) -> str:
+                    notes: dict | None = None, length_sweep: dict | None = None) -> str:
     """reports/faults.md: the signature table, then one section per failure (fault, signature, measured numbers,
-    figure via a relative link from `figures`), then the runs. `notes`: optional extra text per failure."""
+    figure via a relative link from `figures`), then the runs. `notes`: optional extra text per failure;
+    `length_sweep`: length_sweep_summary() of the length pair at further seeds, stated under the table."""
     notes = notes or {}
     req_bad = [n for n, r in checks.items() if r["required_holds"] is False]
     ref_bad = [n for n, r in checks.items() if not r["holds"] and n not in req_bad]
@@ -601,6 +686,11 @@ def render_markdown(runs: dict, checks: dict, fcfg, provenance: dict, eval_tasks
              "failures hold" + (f"; **not reproduced: {', '.join(req_bad)}**" if req_bad else "") + ". "
              + (f"Reference mechanisms not (fully) reproduced: **{', '.join(ref_bad)}** (see their sections)."
                 if ref_bad else "Every reference mechanism reproduced."))
+    if length_sweep and length_sweep.get("seeds", 0) > 1:
+        n = length_sweep["seeds"]
+        L.append(f"Seed dependence: the length_bias signature holds at {length_sweep['holds']}/{n} seeds (the "
+                 f"faulty run's failed episodes grow more than the twin's at {length_sweep['faulty_above_twin']}/{n}; "
+                 f"the twin's stay within one call at {length_sweep['twin_flat']}/{n}); see [its section](#length_bias).")
     L.append("")
     for name in FAILURE_NAMES:
         if name not in checks:

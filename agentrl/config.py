@@ -96,6 +96,7 @@ class BaseConfig:
     p_hardcode: float = 0.14         # a guess is hardcode_tests with this probability, else a uniform repair op
     p_test: float = 0.3              # run the tests after the edit
     p_give_up: float = 0.3           # at the edit decision, submit the unedited source instead
+    p_persist: float = 0.6           # after a test showed a failure, keep trying (read/test/another edit) per turn
     p_malformed: float = 0.03        # any call is replaced by a malformed one
     cover_read: float = 0.6          # demonstrations open with a read this often (targets keep p_read)
     choice_weight: float = 8.0       # loss weight of choice points (targets that are not one-hot)
@@ -109,7 +110,7 @@ class BaseConfig:
     def __post_init__(self):
         prob = (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
         pos_int = (int, lambda v: v >= 1, "an integer >= 1")
-        check_fields(self, {"p_read": prob, "p_right_after_read": prob, "p_hardcode": prob, "p_test": prob, "p_give_up": prob,
+        check_fields(self, {"p_read": prob, "p_right_after_read": prob, "p_hardcode": prob, "p_test": prob, "p_give_up": prob, "p_persist": prob,
                             "p_malformed": prob, "cover_read": prob, "p_rename_operands": prob, "demos_per_task": pos_int, "steps": pos_int,
                             "teach_steps": (int, lambda v: v >= 0, "an integer >= 0"),
                             "batch_size": pos_int, "choice_weight": (float, lambda v: v >= 1, "a number >= 1"),
@@ -246,11 +247,13 @@ class FaultsConfig:
     eval_per_task: int = 8
     high_lr: float = 1e-2
     kl_coef: float = 0.1           # the KL run and its ref_is_policy twin
+    length_extra_seeds: int = 5    # the length pair again at run.seed+1 .. +this (no held-out evaluation)
 
     def __post_init__(self):
         pos = (int, lambda v: v >= 1, "an integer >= 1")
         check_fields(self, {"steps": pos, "short_steps": pos, "length_steps": pos, "length_turns": pos,
                             "eval_every": pos, "eval_per_task": pos,
+                            "length_extra_seeds": (int, lambda v: v >= 0, "an integer >= 0"),
                             "high_lr": (float, lambda v: v > 0, "a number > 0"),
                             "kl_coef": (float, lambda v: v > 0, "a number > 0")})
 

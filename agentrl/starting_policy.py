@@ -2,7 +2,8 @@
 
 The RL base stands in for a pretrained model: a fresh TinyAgent cloned from a scripted mixture that knows the
 call format, sometimes reads and then (often) picks the keyword rule's op, otherwise guesses, and now and
-then emits a malformed call or the hardcode_tests exploit. Cloning matches the mixture's exact next-token
+then emits a malformed call or the hardcode_tests exploit; when a test shows a failure it often keeps trying
+instead of submitting, so failed episodes can run long. Cloning matches the mixture's exact next-token
 distribution at every policy token (soft targets), so the base's behaviour is set by the mixture's
 probabilities rather than by sampling noise in a few thousand demonstrations.
 """
@@ -164,6 +165,8 @@ class MixtureCaller:
         self.cfg = cfg
         self.stage = "start"   # start -> (read) -> edit -> (test) -> submit
         self.read_op = None    # the keyword rule's op, once the source has been read
+        self.last_tool = None
+        self.saw_failure = False  # a test has shown a failing public test
 
     def _guesses(self, mass: float) -> list:
         c = self.cfg
@@ -186,9 +189,16 @@ class MixtureCaller:
                 self._guesses(keep * (1 - c.p_right_after_read))
         if self.stage == "after_edit":
             return [(c.p_test, call_tokens("test")), (1 - c.p_test, call_tokens("submit"))]
+        if self.saw_failure:  # keep trying: look again, test again, or attempt another repair (the gym refuses it)
+            p = c.p_persist
+            retry = [(p / 4, call_tokens("read")), (p / 4, call_tokens("test"))] + \
+                [(p / 2 / len(REPAIR_OPS), call_tokens("edit", op)) for op in REPAIR_OPS]
+            return retry + [(1 - p, call_tokens("submit"))]
         return [(1.0, call_tokens("submit"))]
 
     def distribution(self, obs) -> list:
+        if self.last_tool == "test" and obs and "fail" in obs:
+            self.saw_failure = True
         pm = self.cfg.p_malformed
         intended = [(p * (1 - pm), call) for p, call in self._intended(obs) if p > 0]
         return intended + [(pm / len(MALFORMED_CALLS), list(m)) for m in MALFORMED_CALLS]
@@ -204,6 +214,7 @@ class MixtureCaller:
 
     def observe(self, call: list[str]) -> None:
         body = call[1:-1]
+        self.last_tool = body[0] if body else None
         if body == ["read"] and self.stage == "start":
             self.stage = "edit"
         elif len(body) == 2 and body[0] == "edit" and self.stage in ("start", "edit"):

@@ -4,8 +4,9 @@ signature check, and a 2x2 dashboard panel. The logic lives in agentrl.catalogue
 import sys
 import time
 
-from agentrl.catalogue import (build_catalogue, figure_specs, mlflow_metrics, render_markdown, report_json,
-                               signature_checks, signature_table, verdict)
+from agentrl.catalogue import (build_catalogue, figure_specs, length_seed_sweep, length_sweep_note,
+                               length_sweep_summary, mlflow_metrics, render_markdown, report_json, signature_checks,
+                               signature_table, verdict)
 from agentrl.figures import fault_panel
 from agentrl.pipeline import (FIGURES, MODELS_DIR, REPORTS, TASKS_DIR, derive_seed, load_split, load_tokenizer,
                               run_stage, write_json)
@@ -24,6 +25,9 @@ def body(ctx):
     t0 = time.time()
     runs = build_catalogue(base, tok, split["train"], split["heldout"], cfg, fcfg, eval_seed)
     checks = signature_checks(runs)
+    sweep_seeds = [ctx.seed + i for i in range(1, fcfg.length_extra_seeds + 1)]
+    sweep = length_seed_sweep(base, tok, split["train"], cfg, fcfg, sweep_seeds)
+    notes = {"length_bias": length_sweep_note(sweep, ctx.seed, checks.get("length_bias"))}
     figures = {}
     for spec in figure_specs(runs):
         name = spec.pop("name")
@@ -31,14 +35,19 @@ def body(ctx):
         figures[name] = f"figures/faults/{name}.png"   # relative to reports/
     rows, summary = mlflow_metrics(runs, checks)
     ctx.run.log_history(rows)
+    sweep_summary = length_sweep_summary(sweep, checks.get("length_bias"))
+    summary.update({f"length_sweep.{k}": v for k, v in sweep_summary.items()})
     ctx.run.log_metrics(summary)
     write_json(REPORTS / "faults.json", report_json(runs, checks, fcfg, cfg, ctx.provenance, split["heldout"],
-                                                    eval_seed, figures))
-    (REPORTS / "faults.md").write_text(render_markdown(runs, checks, fcfg, ctx.provenance, split["heldout"], figures))
+                                                    eval_seed, figures, sweep))
+    (REPORTS / "faults.md").write_text(render_markdown(runs, checks, fcfg, ctx.provenance, split["heldout"], figures,
+                                                       notes, sweep_summary))
     for line in signature_table(runs, checks):
         print(line)
     print(f"faults: {len(runs)} runs in {time.time() - t0:.0f} s; signatures: "
-          + ", ".join(f"{n} {verdict(r)}" for n, r in checks.items()), file=sys.stderr)
+          + ", ".join(f"{n} {verdict(r)}" for n, r in checks.items())
+          + (f"; length pair across {sweep_summary['seeds']} seeds: signature holds at {sweep_summary['holds']}"
+             if sweep else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ SHORT = {
     "select": {"n_boot": 200},
     "test": {"episodes_per_task": 8, "n_boot": 200},
     "ablate": {"arms": ["default", "public"], "seeds": [0, 1], "steps": 2, "eval_per_task": 2, "n_boot": 200},
-    "faults": {"steps": 2, "short_steps": 1, "length_steps": 2, "eval_every": 1, "eval_per_task": 1},
+    "faults": {"steps": 2, "short_steps": 1, "length_steps": 2, "eval_every": 1, "eval_per_task": 1,
+               "length_extra_seeds": 1},
     "threads": {"steps": 2},
     "report": {"learned_per_task": 2},
 }

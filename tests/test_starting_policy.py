@@ -2,6 +2,7 @@
 gradient over the RL base and lower its entropy; the base is cloned reproducibly from the scripted mixture."""
 import copy
 
+import pytest
 import torch
 
 from agentrl.config import BaseConfig, SFTConfig
@@ -54,3 +55,29 @@ def test_mixture_distribution_is_a_distribution_and_reads_lead_to_the_keyword_op
     right = after["<call> edit swap_minmax </call>"]
     wrong = after["<call> edit fix_range </call>"]
     assert right > wrong > 0
+
+
+def test_mixture_keeps_trying_after_a_failed_test_and_submits_after_a_passing_one():
+    cfg = BaseConfig()
+    pm = cfg.p_malformed
+
+    def after_test(result: str) -> tuple[MixtureCaller, dict]:
+        caller = MixtureCaller(cfg)
+        caller.distribution(None)
+        caller.observe(["<call>", "edit", "swap_minmax", "</call>"])
+        caller.distribution(["<obs>", "edited", "</obs>"])
+        caller.observe(["<call>", "test", "</call>"])
+        dist = caller.distribution(["<obs>", result, "(", "2", ")", "->", "1", "want", "2", "</obs>"])
+        return caller, {" ".join(c): p for p, c in dist}
+
+    _, passed = after_test("pass")
+    assert passed["<call> submit </call>"] == pytest.approx(1 - pm)
+    caller, failed = after_test("fail")
+    assert abs(sum(failed.values()) - 1) < 1e-12
+    assert failed["<call> submit </call>"] == pytest.approx((1 - cfg.p_persist) * (1 - pm))
+    assert failed["<call> read </call>"] == pytest.approx(cfg.p_persist / 4 * (1 - pm))
+    assert failed["<call> test </call>"] == pytest.approx(cfg.p_persist / 4 * (1 - pm))
+    # it keeps trying on later turns too (the failure stays known after a read)
+    caller.observe(["<call>", "read", "</call>"])
+    later = {" ".join(c): p for p, c in caller.distribution(["<obs>", "def", "alpha", "</obs>"])}
+    assert later["<call> submit </call>"] == pytest.approx((1 - cfg.p_persist) * (1 - pm))
