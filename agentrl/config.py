@@ -96,7 +96,7 @@ class BaseConfig:
     p_hardcode: float = 0.14         # a guess is hardcode_tests with this probability, else a uniform repair op
     p_test: float = 0.3              # run the tests after the edit
     p_give_up: float = 0.3           # at the edit decision, submit the unedited source instead
-    p_persist: float = 0.6           # after a test showed a failure, keep trying (read/test/another edit) per turn
+    p_persist: float = 0.0           # after a test showed a failure, keep trying (read/test/another edit) per turn
     p_malformed: float = 0.03        # any call is replaced by a malformed one
     cover_read: float = 0.6          # demonstrations open with a read this often (targets keep p_read)
     choice_weight: float = 8.0       # loss weight of choice points (targets that are not one-hot)

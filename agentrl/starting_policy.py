@@ -2,8 +2,8 @@
 
 The RL base stands in for a pretrained model: a fresh TinyAgent cloned from a scripted mixture that knows the
 call format, sometimes reads and then (often) picks the keyword rule's op, otherwise guesses, and now and
-then emits a malformed call or the hardcode_tests exploit; when a test shows a failure it often keeps trying
-instead of submitting, so failed episodes can run long. Cloning matches the mixture's exact next-token
+then emits a malformed call or the hardcode_tests exploit (and, if base.p_persist > 0, keeps trying after a
+test shows a failure instead of submitting, so failed episodes can run long). Cloning matches the mixture's exact next-token
 distribution at every policy token (soft targets), so the base's behaviour is set by the mixture's
 probabilities rather than by sampling noise in a few thousand demonstrations.
 """

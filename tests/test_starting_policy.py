@@ -58,7 +58,7 @@ def test_mixture_distribution_is_a_distribution_and_reads_lead_to_the_keyword_op
 
 
 def test_mixture_keeps_trying_after_a_failed_test_and_submits_after_a_passing_one():
-    cfg = BaseConfig()
+    cfg = BaseConfig(p_persist=0.6)
     pm = cfg.p_malformed
 
     def after_test(result: str) -> tuple[MixtureCaller, dict]:
@@ -81,3 +81,15 @@ def test_mixture_keeps_trying_after_a_failed_test_and_submits_after_a_passing_on
     caller.observe(["<call>", "read", "</call>"])
     later = {" ".join(c): p for p, c in caller.distribution(["<obs>", "def", "alpha", "</obs>"])}
     assert later["<call> submit </call>"] == pytest.approx((1 - cfg.p_persist) * (1 - pm))
+
+
+def test_mixture_without_persistence_always_submits_after_a_test():
+    """base.p_persist = 0 (the default): the mixture submits after any test, as it did before the knob existed."""
+    caller = MixtureCaller(BaseConfig())
+    caller.distribution(None)
+    caller.observe(["<call>", "edit", "fix_range", "</call>"])
+    caller.distribution(["<obs>", "edited", "</obs>"])
+    caller.observe(["<call>", "test", "</call>"])
+    dist = {" ".join(c): p for p, c in caller.distribution(["<obs>", "fail", "(", "2", ")", "</obs>"])}
+    assert dist["<call> submit </call>"] == pytest.approx(1 - BaseConfig().p_malformed)
+    assert "<call> read </call>" not in dist and "<call> test </call>" not in dist

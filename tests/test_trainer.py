@@ -72,11 +72,7 @@ def test_sampler_matches_trainer_over_a_run(healthy_run):
     print(f"sampler-trainer log-prob gap over 24 steps: mean {sum(gaps) / len(gaps):.2e}, "
           f"worst token {max(r['logp_gap_max'] for r in history[:24]):.2e}")
     assert sum(gaps) / len(gaps) < 1e-6
-    # one 64-episode batch: worst token < 1e-5 (also per batch in test_rollout.py); over all 24 batches the single
-    # worst token (a near-certain token, whose log-prob carries float32 rounding of ~1e-5) stays far below the
-    # 1e-4 threshold of invariant 2
-    assert history[0]["logp_gap_max"] < 1e-5
-    assert max(r["logp_gap_max"] for r in history[:24]) < 1e-4
+    assert max(r["logp_gap_max"] for r in history[:24]) < 1e-5
 
 
 def test_public_reward_control_hacks(rl_base, tok):
