@@ -121,7 +121,6 @@ def test_length_check_needs_growth_beyond_the_twin():
     assert not res["checks"][0]["holds"]
 
 
-
 # ---------------------------------------------------------------- the length pair across seeds
 
 def test_length_seed_sweep_measures_exactly_what_the_catalogue_checks(rl_base, tok):
