@@ -3,9 +3,9 @@
 The RL base stands in for a pretrained model: a fresh TinyAgent cloned from a scripted mixture that knows the
 call format, sometimes reads and then (often) picks the keyword rule's op, otherwise guesses, and now and
 then emits a malformed call or the hardcode_tests exploit (and, if base.p_persist > 0, keeps trying after a
-test shows a failure instead of submitting, so failed episodes can run long). Cloning matches the mixture's exact next-token
-distribution at every policy token (soft targets), so the base's behaviour is set by the mixture's
-probabilities rather than by sampling noise in a few thousand demonstrations.
+test shows a failure instead of submitting, so failed episodes can run long). Cloning matches the mixture's
+exact next-token distribution at every policy token (soft targets), so the base's behaviour is set by the
+mixture's probabilities rather than by sampling noise in a few thousand demonstrations.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from agentrl.gym import NAME_POOL, REPAIR_OPS, call_tokens, keyword_rule, make_e
 from agentrl.objectives import masked_mean
 from agentrl.policy import ModelConfig, TinyAgent
 from agentrl.rollout import OWNER, Trajectory, collate
-from agentrl.tasks import make_tasks
 from agentrl.config import BaseConfig, ConfigError
 from agentrl.trainer import forward_logp
 
@@ -244,11 +243,10 @@ def mixture_demos(tasks: list, tok, cfg: BaseConfig, generator: torch.Generator,
     return demos
 
 
-def make_rl_base(tok, tasks: list | None = None, cfg: BaseConfig | None = None, model_cfg: ModelConfig | None = None,
+def make_rl_base(tok, tasks: list, cfg: BaseConfig | None = None, model_cfg: ModelConfig | None = None,
                  seed: int = 0) -> tuple[TinyAgent, dict]:
-    """The 'pretrained' starting policy: a fresh TinyAgent cloned from the scripted mixture played on the train
-    tasks (or the given ones). Deterministic given the seed and the thread count. Returns (model, info)."""
-    tasks = make_tasks("train") if tasks is None else tasks
+    """The 'pretrained' starting policy: a fresh TinyAgent cloned from the scripted mixture played on the
+    given (train) tasks. Deterministic given the seed and the thread count. Returns (model, info)."""
     cfg = cfg or BaseConfig()
     model_cfg = model_cfg or ModelConfig(vocab_size=len(tok))
     gen = torch.Generator().manual_seed(seed)
