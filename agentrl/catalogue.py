@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -48,11 +49,14 @@ RUNS = (
     RunSpec("kl", None, {"kl_coef": "@kl_coef"}),
     RunSpec("lr_high", None, {"lr": "@high_lr"}, steps_key="short_steps"),
     RunSpec("public", None, {"reward": "public"}),
-    RunSpec("length_bias", None, {"loss_mode": "seq_mean_token_mean", "max_turns": "@length_turns"}, "length_steps"),
-    RunSpec("length_twin", None, {"loss_mode": "token_mean", "max_turns": "@length_turns"}, "length_steps"),
+    RunSpec("length_bias", None, {"loss_mode": "seq_mean_token_mean", "max_turns": "@length_turns",
+                                  "kl_coef": "@length_kl_coef"}, "length_steps"),
+    RunSpec("length_twin", None, {"loss_mode": "token_mean", "max_turns": "@length_turns",
+                                  "kl_coef": "@length_kl_coef"}, "length_steps"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
 TWINS = ("healthy", "kl", "length_twin")  # healthy references, not failures
+LENGTH_PAIR = ("length_bias", "length_twin")  # start from the length start (length_start_config), not the base
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,11 @@ FAILURES = {
         what="loss_mode seq_mean_token_mean with a 12-turn budget: each row's tokens are averaged before rows are, "
              "so a long failed episode's tokens each get a smaller negative push than a short one's.",
         why="Failing long is penalised less than failing short, so failed episodes should grow longer (length_fail) "
-            "while passed ones do not. The token_mean twin (same 12 turns) is the control: whatever growth it shows "
-            "comes from learning (more reads and turns), not from the loss aggregation."),
+            "while passed ones do not. The pair starts from a base that, once a test has shown its repair failed, "
+            "mostly keeps calling tools instead of submitting (faults.length_p_persist), so failed episodes start "
+            "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef). "
+            "The token_mean twin (same start, 12 turns and KL) is the control: whatever growth it shows comes from "
+            "learning, not from the loss aggregation."),
     "ref_is_policy": Failure(
         "kl", ("kl_ref",),
         what=BUGS["ref_is_policy"] + ": the KL penalty compares the policy with itself.",
@@ -132,6 +139,14 @@ def run_config(spec: RunSpec, base_cfg: RLConfig, fcfg) -> RLConfig:
     return replace(base_cfg, **values)
 
 
+def length_start_config(base_cfg, fcfg):
+    """The BaseConfig of the length pair's start: the RL base's recipe with the scripted mixture reading almost
+    always (faults.length_p_read) and, after a test has shown a failure, mostly trying again instead of
+    submitting (faults.length_p_persist), so that failed episodes start long and both ways to fail (stop or
+    keep going) are common. Built by make_rl_base with the base stage's seed."""
+    return replace(base_cfg, p_read=fcfg.length_p_read, p_persist=fcfg.length_p_persist)
+
+
 def run_steps(spec: RunSpec, fcfg, steps_for: dict | None = None) -> int:
     if steps_for and spec.name in steps_for:
         return int(steps_for[spec.name])
@@ -141,20 +156,23 @@ def run_steps(spec: RunSpec, fcfg, steps_for: dict | None = None) -> int:
 # ---------------------------------------------------------------- running
 
 def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RLConfig, fcfg, eval_seed: int,
-                    names=None, steps_for: dict | None = None, log=sys.stderr) -> dict:
-    """Run the catalogue runs `names` (default: all) from copies of `base`.
+                    names=None, steps_for: dict | None = None, log=sys.stderr, length_start=None) -> dict:
+    """Run the catalogue runs `names` (default: all) from copies of `base`; the length pair (LENGTH_PAIR) from
+    copies of `length_start` (required when the pair is among `names`).
     Returns {name: {"history", "state" (final parameters), "config", "bug", "steps", "seconds", "stopped"}}."""
     names = list(RUN_NAMES if names is None else names)
     unknown = [n for n in names if n not in RUN_NAMES]
     if unknown:
         raise ValueError(f"catalogue run: unknown value {unknown[0]!r}; allowed: {', '.join(RUN_NAMES)}")
+    if length_start is None and set(LENGTH_PAIR) & set(names):
+        raise ValueError("catalogue run: the length pair needs its start model (length_start)")
     specs = {r.name: r for r in RUNS}
     out = {}
     for i, name in enumerate(names):
         spec = specs[name]
         cfg = run_config(spec, base_cfg, fcfg)
         steps = run_steps(spec, fcfg, steps_for)
-        model = copy.deepcopy(base)
+        model = copy.deepcopy(length_start if name in LENGTH_PAIR else base)
         history: list[dict] = []
         stopped = None
         t0 = time.time()
@@ -180,18 +198,19 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
     return out
 
 
-def length_seed_sweep(base, tok, train_tasks: list, base_cfg: RLConfig, fcfg, seeds, log=sys.stderr) -> list[dict]:
-    """The length pair (length_bias and its twin, without held-out evaluation, which never touches training)
-    again at each of `seeds`: per seed the failed- and passed-episode length changes of both runs and whether
+def length_seed_sweep(length_start, tok, train_tasks: list, base_cfg: RLConfig, fcfg, seeds,
+                      log=sys.stderr) -> list[dict]:
+    """The length pair (length_bias and its twin from copies of `length_start`, without held-out evaluation,
+    which never touches training) again at each of `seeds`: per seed the failed- and passed-episode length changes of both runs and whether
     the signature holds, measured exactly as the catalogue's own check does."""
     specs = {r.name: r for r in RUNS}
     rows = []
     for seed in seeds:
         t0 = time.time()
         hist = {}
-        for name in ("length_bias", "length_twin"):
+        for name in LENGTH_PAIR:
             cfg = replace(run_config(specs[name], base_cfg, fcfg), seed=int(seed))
-            hist[name] = train_logged(copy.deepcopy(base), train_tasks, tok, cfg, run_steps(specs[name], fcfg))
+            hist[name] = train_logged(copy.deepcopy(length_start), train_tasks, tok, cfg, run_steps(specs[name], fcfg))
         f, t = hist["length_bias"], hist["length_twin"]
         k = _window(min(len(f), len(t)))
         row = {"seed": int(seed), "window": k, "steps": len(f)}
@@ -438,6 +457,49 @@ def length_signature(df, dt) -> bool:
     return _num(df, dt) and df >= ONE_CALL_TOKENS and df > dt and dt < ONE_CALL_TOKENS
 
 
+def length_across_seeds(rows: list[dict], main: dict | None = None, n_boot: int = 10000, alpha: float = 0.05) -> dict:
+    """The length pair read over seeds (the sweep's rows plus, if given, the catalogue's own length_bias result):
+    a reference check on the fault's effect beyond its control, the paired difference faulty - twin of the
+    failed-episode length changes, whose percentile-bootstrap interval (seeds resampled) should lie above one
+    call. Means, medians and intervals of both runs' changes ride along for the report."""
+    from agentrl.stats import bootstrap_ci, paired_bootstrap_diff
+    pairs = [(r["faulty_fail_change"], r["twin_fail_change"]) for r in rows]
+    if main is not None:
+        c = main["checks"][0]
+        pairs.append((c["faulty"], c["healthy"]))
+    ok = [(df, dt) for df, dt in pairs if _num(df, dt)]
+    n = len(ok)
+    stat = f"mean over {n} seeds, {1 - alpha:.0%} CI with seeds resampled"
+    crit = f"paired difference faulty - twin: CI above one call ({ONE_CALL_TOKENS:g} tokens)"
+    if n < 2:
+        return _check("length_fail change across seeds", stat, None, None, crit, False, "reference", seeds=n,
+                      detail="needs the pair at two seeds or more (faults.length_extra_seeds >= 1)")
+    faulty, twin = [df for df, _ in ok], [dt for _, dt in ok]
+    diff, lo, hi = paired_bootstrap_diff(twin, faulty, n_boot=n_boot, alpha=alpha, seed=0)
+    (mf, flo, fhi), (mt, tlo, thi) = (bootstrap_ci(v, n_boot=n_boot, alpha=alpha, seed=0) for v in (faulty, twin))
+    detail = (f"over {n} seeds the faulty run's failed episodes grow by {_signed(mf)} tokens on average "
+              f"[{_signed(flo)}, {_signed(fhi)}] (median {_signed(statistics.median(faulty))}, smallest "
+              f"{_signed(min(faulty))}), the twin's by {_signed(mt)} [{_signed(tlo)}, {_signed(thi)}] (median "
+              f"{_signed(statistics.median(twin))}, largest {_signed(max(twin))}); the difference is "
+              f"{_signed(diff)} [{_signed(lo)}, {_signed(hi)}], and the faulty run's grow more at "
+              f"{sum(df > dt for df, dt in ok)}/{n} seeds")
+    return _check("length_fail change across seeds", stat, mf, mt, crit, lo > ONE_CALL_TOKENS, "reference",
+                  seeds=n, diff=diff, diff_lo=lo, diff_hi=hi, faulty_lo=flo, faulty_hi=fhi,
+                  faulty_median=statistics.median(faulty), healthy_lo=tlo, healthy_hi=thi,
+                  healthy_median=statistics.median(twin), faulty_above_twin=sum(df > dt for df, dt in ok),
+                  detail=detail)
+
+
+def with_length_across_seeds(checks: dict, rows: list[dict]) -> dict:
+    """`checks` with the across-seeds reference check added to length_bias (after its single-seed checks).
+    Returns a new dict; `checks` is not changed."""
+    if "length_bias" not in checks or not rows:
+        return checks
+    res = checks["length_bias"]
+    new = res["checks"] + [length_across_seeds(rows, res)]
+    return {**checks, "length_bias": {**res, "checks": new, "holds": all(c["holds"] for c in new)}}
+
+
 def _check_length_bias(f, t, runs):
     k = _window(min(len(f), len(t)))
     df, dt = _delta(f, "length_fail", k), _delta(t, "length_fail", k)
@@ -559,9 +621,7 @@ def report_json(runs: dict, checks: dict, fcfg, base_cfg: RLConfig, provenance: 
     specs = {r.name: r for r in RUNS}
     return {
         "provenance": provenance,
-        "faults_params": {k: getattr(fcfg, k) for k in ("steps", "short_steps", "length_steps", "length_turns",
-                                                        "eval_every", "eval_per_task", "high_lr", "kl_coef",
-                                                        "length_extra_seeds")},
+        "faults_params": {f.name: getattr(fcfg, f.name) for f in fields(fcfg)},
         "base_config": base_cfg.to_dict(),
         "evaluation": {"tasks": [t.name for t in eval_tasks], "per_task": fcfg.eval_per_task,
                        "every": fcfg.eval_every, "seed": eval_seed, "reward": "hidden"},
@@ -625,6 +685,8 @@ def _value(c: dict, side: str) -> str:
     text = _fmt(c[side])
     if side == "faulty" and c.get("ratio") is not None:
         text += f" (× {_fmt(c['ratio'])})"
+    if c.get(f"{side}_lo") is not None:
+        text += f" [{_fmt(c[f'{side}_lo'])}, {_fmt(c[f'{side}_hi'])}]"
     start, end = c.get(f"{side}_start"), c.get(f"{side}_end")
     if start is not None and end is not None:
         text += f" ({_fmt(start)} → {_fmt(end)})"

@@ -243,11 +243,14 @@ class FaultsConfig:
     short_steps: int = 8           # sign_flip and lr 1e-2
     length_steps: int = 16         # the length-bias pair
     length_turns: int = 12
+    length_kl_coef: float = 0.05   # both runs of the length pair: KL to their start (rl.kl_kind)
+    length_p_read: float = 0.9     # the length pair's start: the base recipe with these two mixture knobs, so
+    length_p_persist: float = 0.95  # that failed episodes start long (SPEC's ≈ 21 tokens), see README
     eval_every: int = 8            # held-out evaluation every this many steps
     eval_per_task: int = 8
     high_lr: float = 1e-2
     kl_coef: float = 0.1           # the KL run and its ref_is_policy twin
-    length_extra_seeds: int = 5    # the length pair again at run.seed+1 .. +this (no held-out evaluation)
+    length_extra_seeds: int = 11   # the length pair again at run.seed+1 .. +this (no held-out evaluation)
 
     def __post_init__(self):
         pos = (int, lambda v: v >= 1, "an integer >= 1")
@@ -255,7 +258,10 @@ class FaultsConfig:
                             "eval_every": pos, "eval_per_task": pos,
                             "length_extra_seeds": (int, lambda v: v >= 0, "an integer >= 0"),
                             "high_lr": (float, lambda v: v > 0, "a number > 0"),
-                            "kl_coef": (float, lambda v: v > 0, "a number > 0")})
+                            "kl_coef": (float, lambda v: v > 0, "a number > 0"),
+                            "length_kl_coef": (float, lambda v: v >= 0, "a number >= 0"),
+                            "length_p_read": (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+                            "length_p_persist": (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")})
 
 
 @dataclass

@@ -1,16 +1,18 @@
 """Stage faults: the fault catalogue (SPEC §8 item 9). A healthy reference and every failure of the debugging
-chapter, all from the RL base with the same seed; per failure its healthy twin, the metric that exposes it, a
-signature check, and a 2x2 dashboard panel. The logic lives in agentrl.catalogue; this script wires it up."""
+chapter, all with the same seed and from the RL base, except the length pair, which starts from a base cloned
+with the same recipe from a mixture that reads and, after failing, keeps trying (faults.length_p_*); per failure
+its healthy twin, the metric that exposes it, a signature check, and a 2x2 dashboard panel. The logic lives in agentrl.catalogue; this script wires it up."""
 import sys
 import time
 
-from agentrl.catalogue import (build_catalogue, figure_specs, length_seed_sweep, length_sweep_note,
-                               length_sweep_summary, mlflow_metrics, render_markdown, report_json, signature_checks,
-                               signature_table, verdict)
+from agentrl.catalogue import (build_catalogue, figure_specs, length_seed_sweep, length_start_config,
+                               length_sweep_note, length_sweep_summary, mlflow_metrics, render_markdown, report_json,
+                               signature_checks, signature_table, verdict, with_length_across_seeds)
 from agentrl.figures import fault_panel
-from agentrl.pipeline import (FIGURES, MODELS_DIR, REPORTS, TASKS_DIR, derive_seed, load_split, load_tokenizer,
-                              run_stage, write_json)
-from agentrl.policy import load_for
+from agentrl.pipeline import (FIGURES, MODELS_DIR, REPORTS, TASKS_DIR, config_dict, derive_seed, load_split,
+                              load_tokenizer, run_stage, write_json)
+from agentrl.policy import ModelConfig, load_for
+from agentrl.starting_policy import make_rl_base
 from agentrl.trainer import RLConfig
 
 FIG_DIR = FIGURES / "faults"
@@ -23,10 +25,18 @@ def body(ctx):
     cfg = RLConfig(**ctx.params["rl"].to_dict() | {"seed": ctx.seed})
     eval_seed = derive_seed(ctx.seed, "faults", "heldout")  # one evaluation stream for every run
     t0 = time.time()
-    runs = build_catalogue(base, tok, split["train"], split["heldout"], cfg, fcfg, eval_seed)
+    # the length pair's start: the base recipe (same seed) with a mixture that reads and, after failing, persists
+    mcfg = ModelConfig(vocab_size=len(tok), **config_dict(ctx.params["model"]))
+    length_start, start_info = make_rl_base(tok, split["train"], length_start_config(ctx.params["base"], fcfg), mcfg,
+                                            seed=ctx.seed)
+    print(f"faults: length-pair start cloned in {time.time() - t0:.0f} s (loss {start_info['loss_first']:.3f} -> "
+          f"{start_info['loss_last']:.3f})", file=sys.stderr, flush=True)
+    runs = build_catalogue(base, tok, split["train"], split["heldout"], cfg, fcfg, eval_seed,
+                           length_start=length_start)
     checks = signature_checks(runs)
     sweep_seeds = [ctx.seed + i for i in range(1, fcfg.length_extra_seeds + 1)]
-    sweep = length_seed_sweep(base, tok, split["train"], cfg, fcfg, sweep_seeds)
+    sweep = length_seed_sweep(length_start, tok, split["train"], cfg, fcfg, sweep_seeds)
+    checks = with_length_across_seeds(checks, sweep)
     notes = {"length_bias": length_sweep_note(sweep, ctx.seed, checks.get("length_bias"))}
     figures = {}
     for spec in figure_specs(runs):
@@ -51,5 +61,5 @@ def body(ctx):
 
 
 if __name__ == "__main__":
-    run_stage("faults", ["model", "rl", "faults"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
+    run_stage("faults", ["model", "base", "rl", "faults"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
                                                      MODELS_DIR / "base.pt"], body)

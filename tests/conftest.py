@@ -94,3 +94,13 @@ def rl_base(tok, train_tasks):
     from agentrl.starting_policy import make_rl_base
     model, _ = make_rl_base(tok, train_tasks, seed=0)
     return model
+
+
+@pytest.fixture(scope="session")
+def length_start(tok, train_tasks):
+    """The fault catalogue's length-pair start with the library defaults, seed 0 (as the faults stage builds it)."""
+    from agentrl.catalogue import length_start_config
+    from agentrl.config import BaseConfig, FaultsConfig
+    from agentrl.starting_policy import make_rl_base
+    model, _ = make_rl_base(tok, train_tasks, length_start_config(BaseConfig(), FaultsConfig()), seed=0)
+    return model

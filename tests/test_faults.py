@@ -3,7 +3,8 @@
 The stage (`python -m stages.faults`) runs the full-length catalogue; here each run is only as long as its
 signature needs (the step-0 signatures get 1-3 steps; public, entropy_sign and the length pair 8). All runs start
 from the `rl_base` fixture: the pipeline's RL base, rebuilt with the library defaults (bit-identical to
-data/models/base.pt at 2 threads), so the tests do not depend on a previous `dvc repro`.
+data/models/base.pt at 2 threads), so the tests do not depend on a previous `dvc repro`; the length pair starts
+from the `length_start` fixture, built the same way as the faults stage builds it.
 Unit tests of the check logic on synthetic histories need no training at all.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,18 +25,18 @@ from agentrl.trainer import RLConfig
 REPO = Path(__file__).resolve().parents[1]
 
 SHORT = {"healthy": 3, "ref_is_policy": 3, "kl": 2, "mask_shift": 1, "stale_old_logp": 2, "sampler_temp": 1,
-         "lr_high": 1, "accum_local": 3, "sign_flip": 4, "entropy_sign": 8, "public": 8, "length_bias": 8,
-         "length_twin": 8}
+         "lr_high": 1, "accum_local": 3, "sign_flip": 4, "entropy_sign": 8, "public": 8, "length_bias": 16,
+         "length_twin": 16}
 FCFG = FaultsConfig(eval_every=8, eval_per_task=4)   # the stage's defaults otherwise (lr 1e-2, kl 0.1, 12 turns)
 RL = RLConfig(lr=3e-4, seed=0)                          # params.yaml rl section
 
 
 @pytest.fixture(scope="module")
-def short_catalogue(tok, rl_base):
+def short_catalogue(tok, rl_base, length_start):
     from agentrl.tasks import make_tasks
     train, heldout = make_tasks("train"), make_tasks("heldout")
     runs = C.build_catalogue(rl_base, tok, train, heldout, RL, FCFG, eval_seed=12345, names=list(SHORT),
-                             steps_for=SHORT, log=None)
+                             steps_for=SHORT, log=None, length_start=length_start)
     return {"runs": runs, "checks": C.signature_checks(runs), "source": "rl_base", "heldout": heldout}
 
 
@@ -70,11 +72,27 @@ def test_run_configs_follow_the_faults_params():
     assert cfg["length_bias"].loss_mode == "seq_mean_token_mean" and cfg["length_twin"].loss_mode == "token_mean"
     assert cfg["length_bias"].max_turns == cfg["length_twin"].max_turns == f.length_turns
     assert steps["length_bias"] == steps["length_twin"] == f.length_steps
+    assert cfg["length_bias"].kl_coef == cfg["length_twin"].kl_coef == f.length_kl_coef
+    # the pair differs in the loss aggregation only
+    assert replace(cfg["length_bias"], loss_mode="token_mean") == cfg["length_twin"]
     for n in ("mask_shift", "stale_old_logp", "entropy_sign", "accum_local", "sampler_temp"):
         assert specs[n].bug == n and cfg[n] == RL and steps[n] == f.steps
     assert C.run_steps(specs["public"], f, {"public": 3}) == 3
     with pytest.raises(ValueError, match="unknown value 'nope'"):
         C.build_catalogue(None, None, [], [], RL, f, 0, names=["nope"])
+    with pytest.raises(ValueError, match="length_start"):
+        C.build_catalogue(None, None, [], [], RL, f, 0, names=["length_twin"])
+
+
+def test_length_start_is_the_base_recipe_with_the_length_knobs():
+    from agentrl.config import BaseConfig, ConfigError
+    b, f = BaseConfig(), FaultsConfig(length_p_read=0.8, length_p_persist=0.5)
+    start = C.length_start_config(b, f)
+    assert (start.p_read, start.p_persist) == (0.8, 0.5)
+    assert replace(start, p_read=b.p_read, p_persist=b.p_persist) == b
+    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_kl_coef", -1.0)):
+        with pytest.raises(ConfigError, match=f"FaultsConfig.{field}"):
+            FaultsConfig(**{field: bad})
 
 
 # ---------------------------------------------------------------- the check logic on synthetic histories
@@ -123,17 +141,15 @@ def test_length_check_needs_growth_beyond_the_twin():
 
 # ---------------------------------------------------------------- the length pair across seeds
 
-def test_length_seed_sweep_measures_exactly_what_the_catalogue_checks(rl_base, tok):
+def test_length_seed_sweep_measures_exactly_what_the_catalogue_checks(length_start, tok):
     """The sweep at seed s equals the catalogue's own length_bias check run at seed s (held-out evaluation in
     the catalogue never touches training), and its note counts the seeds it shows."""
-    from dataclasses import replace
-
     from agentrl.tasks import make_tasks
     train, heldout = make_tasks("train"), make_tasks("heldout")
     fcfg = replace(FCFG, length_steps=3)
-    rows = C.length_seed_sweep(rl_base, tok, train, RL, fcfg, [1], log=None)
-    runs = C.build_catalogue(rl_base, tok, train, heldout, replace(RL, seed=1), fcfg, eval_seed=5,
-                             names=["length_bias", "length_twin"], log=None)
+    rows = C.length_seed_sweep(length_start, tok, train, RL, fcfg, [1], log=None)
+    runs = C.build_catalogue(None, tok, train, heldout, replace(RL, seed=1), fcfg, eval_seed=5,
+                             names=["length_bias", "length_twin"], log=None, length_start=length_start)
     check = C.signature_checks(runs)["length_bias"]["checks"][0]
     (row,) = rows
     assert row["seed"] == 1 and row["steps"] == 3
@@ -153,6 +169,31 @@ def test_length_sweep_summary_counts():
             {"faulty_fail_change": 2.0, "twin_fail_change": -1.0}]    # faulty grows less than one call
     s = C.length_sweep_summary(rows)
     assert s == {"seeds": 3, "faulty_grows": 2, "faulty_above_twin": 3, "twin_flat": 2, "holds": 1}
+
+
+def test_length_across_seeds_reads_the_paired_difference():
+    rows = [{"faulty_fail_change": f, "twin_fail_change": t}
+            for f, t in ((12.0, 1.0), (14.0, -2.0), (10.0, 4.0), (13.0, 0.5), (11.0, 2.0))]
+    main = {"checks": [{"faulty": 15.0, "healthy": 3.5}]}
+    c = C.length_across_seeds(rows, main)
+    assert c["kind"] == "reference" and c["seeds"] == 6 and c["faulty_above_twin"] == 6
+    assert c["faulty"] == pytest.approx(12.5) and c["healthy"] == pytest.approx(1.5)
+    assert c["diff"] == pytest.approx(11.0) and c["diff_lo"] > C.ONE_CALL_TOKENS and c["holds"]
+    assert c["faulty_lo"] <= 12.5 <= c["faulty_hi"] and c["healthy_median"] == pytest.approx(1.5)
+    # the twin grows as much as the faulty run: no effect beyond the control
+    same = [{"faulty_fail_change": f, "twin_fail_change": f + d} for f, d in ((12.0, 1.0), (8.0, -1.0), (10.0, 0.5))]
+    assert not C.length_across_seeds(same)["holds"]
+    # an effect smaller than one call does not count
+    small = [{"faulty_fail_change": 2.0 + d, "twin_fail_change": 0.0} for d in (0.0, 0.1, -0.1, 0.2)]
+    assert not C.length_across_seeds(small)["holds"]
+    assert not C.length_across_seeds(rows[:1])["holds"]   # one seed: nothing to resample
+    checks = {"length_bias": {"twin": "length_twin", "checks": [dict(main["checks"][0], holds=False,
+                                                                     kind="required", metric="length_fail change")],
+                              "holds": False, "required_holds": False}}
+    out = C.with_length_across_seeds(checks, rows)
+    assert [c["metric"] for c in out["length_bias"]["checks"]][-1] == "length_fail change across seeds"
+    assert out["length_bias"]["required_holds"] is False and len(checks["length_bias"]["checks"]) == 1
+    assert C.with_length_across_seeds(checks, []) is checks
 
 
 def test_identity_check_detects_any_difference():
@@ -244,7 +285,9 @@ def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
     assert df >= C.ONE_CALL_TOKENS and df > dt
     c = _check(short_catalogue, "length_bias", "length_fail change")
     assert c["faulty"] == pytest.approx(df) and c["healthy"] == pytest.approx(dt)
-    assert c["holds"] == (dt < C.ONE_CALL_TOKENS)
+    assert c["holds"] == (dt < C.ONE_CALL_TOKENS)   # the twin's own change decides; see the across-seeds reading
+    # the start fails long (the reference starts at ≈ 21 policy tokens) and passes short
+    assert C.end_mean(f, "length_fail", k, start=True) > C.end_mean(f, "length_pass", k, start=True) + 3
 
 
 def test_accum_local_has_no_dashboard_signature(short_catalogue):
@@ -262,9 +305,12 @@ def test_sign_flip_reward_falls(short_catalogue):
 
 
 def test_common_random_numbers_for_evaluation(short_catalogue):
-    """Every run is evaluated at step 0 on the same stream: the same base gives the same number everywhere."""
+    """Every run is evaluated at step 0 on the same stream: the same start gives the same number everywhere
+    (the RL base for all runs but the length pair, which shares its own start)."""
     starts = {n: r["history"][0]["eval_pass_start"] for n, r in short_catalogue["runs"].items()}
-    assert len(set(starts.values())) == 1, starts
+    base = {v for n, v in starts.items() if n not in C.LENGTH_PAIR}
+    pair = {v for n, v in starts.items() if n in C.LENGTH_PAIR}
+    assert len(base) == 1 and len(pair) == 1, starts
 
 
 # ---------------------------------------------------------------- the outputs
@@ -303,5 +349,6 @@ def test_outputs_render(short_catalogue, tmp_path):
     assert set(back["holds"]) == set(C.FAILURES)
     json.dumps(doc, allow_nan=True)  # plain data only (no tensors)
     rows, summary = C.mlflow_metrics(runs, checks)
-    assert rows[0]["step"] == 0 and "healthy.reward" in rows[0] and "public.hardcode" in rows[-1]
+    assert rows[0]["step"] == 0 and "healthy.reward" in rows[0]
+    assert "public.hardcode" in rows[SHORT["public"] - 1] and "length_bias.length_fail" in rows[-1]
     assert summary["signature.public"] == 1.0 and all(math.isfinite(v) for v in summary.values())
