@@ -50,9 +50,11 @@ RUNS = (
     RunSpec("lr_high", None, {"lr": "@high_lr"}, steps_key="short_steps"),
     RunSpec("public", None, {"reward": "public"}),
     RunSpec("length_bias", None, {"loss_mode": "seq_mean_token_mean", "max_turns": "@length_turns",
-                                  "kl_coef": "@length_kl_coef"}, "length_steps"),
+                                  "kl_coef": "@length_kl_coef", "tasks_per_step": "@length_tasks_per_step"},
+            "length_steps"),
     RunSpec("length_twin", None, {"loss_mode": "token_mean", "max_turns": "@length_turns",
-                                  "kl_coef": "@length_kl_coef"}, "length_steps"),
+                                  "kl_coef": "@length_kl_coef", "tasks_per_step": "@length_tasks_per_step"},
+            "length_steps"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
 TWINS = ("healthy", "kl", "length_twin")  # healthy references, not failures
@@ -120,9 +122,11 @@ FAILURES = {
         why="Failing long is penalised less than failing short, so failed episodes should grow longer (length_fail) "
             "while passed ones do not. The pair starts from a base that, once a test has shown its repair failed, "
             "mostly keeps calling tools instead of submitting (faults.length_p_persist), so failed episodes start "
-            "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef). "
-            "The token_mean twin (same start, 12 turns and KL) is the control: whatever growth it shows comes from "
-            "learning, not from the loss aggregation."),
+            "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef) "
+            "and sample a larger batch (faults.length_tasks_per_step): after a wrong edit every continuation "
+            "fails alike, so token_mean's expected update there is about zero and mostly sampling noise moves it. "
+            "The token_mean twin (same start, 12 turns, KL and batch) is the control: whatever growth it shows "
+            "comes from learning or noise, not from the loss aggregation."),
     "ref_is_policy": Failure(
         "kl", ("kl_ref",),
         what=BUGS["ref_is_policy"] + ": the KL penalty compares the policy with itself.",
@@ -201,8 +205,8 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
 def length_seed_sweep(length_start, tok, train_tasks: list, base_cfg: RLConfig, fcfg, seeds,
                       log=sys.stderr) -> list[dict]:
     """The length pair (length_bias and its twin from copies of `length_start`, without held-out evaluation,
-    which never touches training) again at each of `seeds`: per seed the failed- and passed-episode length changes of both runs and whether
-    the signature holds, measured exactly as the catalogue's own check does."""
+    which never touches training) again at each of `seeds`: per seed the failed- and passed-episode length
+    changes of both runs and whether the signature holds, measured exactly as the catalogue's own check does."""
     specs = {r.name: r for r in RUNS}
     rows = []
     for seed in seeds:
@@ -229,12 +233,19 @@ def length_seed_sweep(length_start, tok, train_tasks: list, base_cfg: RLConfig, 
     return rows
 
 
-def length_sweep_summary(rows: list[dict], main: dict | None = None) -> dict:
-    """Counts over the sweep's seeds, plus (if given) the catalogue's own length_bias check as one more seed."""
+def _length_pairs(rows: list[dict], main: dict | None = None) -> list[tuple]:
+    """(faulty, twin) failed-episode length changes per seed: the sweep's rows, then the catalogue's own
+    length_bias result if given."""
     pairs = [(r["faulty_fail_change"], r["twin_fail_change"]) for r in rows]
     if main is not None:
         c = main["checks"][0]
         pairs.append((c["faulty"], c["healthy"]))
+    return pairs
+
+
+def length_sweep_summary(rows: list[dict], main: dict | None = None) -> dict:
+    """Counts over the sweep's seeds, plus (if given) the catalogue's own length_bias check as one more seed."""
+    pairs = _length_pairs(rows, main)
     ok = [(df, dt) for df, dt in pairs if _num(df, dt)]
     return {"seeds": len(pairs),
             "faulty_grows": sum(df >= ONE_CALL_TOKENS for df, _ in ok),
@@ -463,11 +474,7 @@ def length_across_seeds(rows: list[dict], main: dict | None = None, n_boot: int 
     failed-episode length changes, whose percentile-bootstrap interval (seeds resampled) should lie above one
     call. Means, medians and intervals of both runs' changes ride along for the report."""
     from agentrl.stats import bootstrap_ci, paired_bootstrap_diff
-    pairs = [(r["faulty_fail_change"], r["twin_fail_change"]) for r in rows]
-    if main is not None:
-        c = main["checks"][0]
-        pairs.append((c["faulty"], c["healthy"]))
-    ok = [(df, dt) for df, dt in pairs if _num(df, dt)]
+    ok = [(df, dt) for df, dt in _length_pairs(rows, main) if _num(df, dt)]
     n = len(ok)
     stat = f"mean over {n} seeds, {1 - alpha:.0%} CI with seeds resampled"
     crit = f"paired difference faulty - twin: CI above one call ({ONE_CALL_TOKENS:g} tokens)"
@@ -477,16 +484,17 @@ def length_across_seeds(rows: list[dict], main: dict | None = None, n_boot: int 
     faulty, twin = [df for df, _ in ok], [dt for _, dt in ok]
     diff, lo, hi = paired_bootstrap_diff(twin, faulty, n_boot=n_boot, alpha=alpha, seed=0)
     (mf, flo, fhi), (mt, tlo, thi) = (bootstrap_ci(v, n_boot=n_boot, alpha=alpha, seed=0) for v in (faulty, twin))
+    above = sum(df > dt for df, dt in ok)
     detail = (f"over {n} seeds the faulty run's failed episodes grow by {_signed(mf)} tokens on average "
               f"[{_signed(flo)}, {_signed(fhi)}] (median {_signed(statistics.median(faulty))}, smallest "
               f"{_signed(min(faulty))}), the twin's by {_signed(mt)} [{_signed(tlo)}, {_signed(thi)}] (median "
               f"{_signed(statistics.median(twin))}, largest {_signed(max(twin))}); the difference is "
               f"{_signed(diff)} [{_signed(lo)}, {_signed(hi)}], and the faulty run's grow more at "
-              f"{sum(df > dt for df, dt in ok)}/{n} seeds")
+              f"{above}/{n} seeds")
     return _check("length_fail change across seeds", stat, mf, mt, crit, lo > ONE_CALL_TOKENS, "reference",
                   seeds=n, diff=diff, diff_lo=lo, diff_hi=hi, faulty_lo=flo, faulty_hi=fhi,
                   faulty_median=statistics.median(faulty), healthy_lo=tlo, healthy_hi=thi,
-                  healthy_median=statistics.median(twin), faulty_above_twin=sum(df > dt for df, dt in ok),
+                  healthy_median=statistics.median(twin), faulty_above_twin=above,
                   detail=detail)
 
 

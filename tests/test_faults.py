@@ -73,6 +73,7 @@ def test_run_configs_follow_the_faults_params():
     assert cfg["length_bias"].max_turns == cfg["length_twin"].max_turns == f.length_turns
     assert steps["length_bias"] == steps["length_twin"] == f.length_steps
     assert cfg["length_bias"].kl_coef == cfg["length_twin"].kl_coef == f.length_kl_coef
+    assert cfg["length_bias"].tasks_per_step == cfg["length_twin"].tasks_per_step == f.length_tasks_per_step
     # the pair differs in the loss aggregation only
     assert replace(cfg["length_bias"], loss_mode="token_mean") == cfg["length_twin"]
     for n in ("mask_shift", "stale_old_logp", "entropy_sign", "accum_local", "sampler_temp"):
@@ -90,7 +91,8 @@ def test_length_start_is_the_base_recipe_with_the_length_knobs():
     start = C.length_start_config(b, f)
     assert (start.p_read, start.p_persist) == (0.8, 0.5)
     assert replace(start, p_read=b.p_read, p_persist=b.p_persist) == b
-    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_kl_coef", -1.0)):
+    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_kl_coef", -1.0),
+                       ("length_tasks_per_step", 0)):
         with pytest.raises(ConfigError, match=f"FaultsConfig.{field}"):
             FaultsConfig(**{field: bad})
 
