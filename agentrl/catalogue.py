@@ -123,10 +123,9 @@ FAILURES = {
             "while passed ones do not. The pair starts from a base that, once a test has shown its repair failed, "
             "mostly keeps calling tools instead of submitting (faults.length_p_persist), so failed episodes start "
             "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef) "
-            "and sample a larger batch (faults.length_tasks_per_step): after a wrong edit every continuation "
-            "fails alike, so token_mean's expected update there is about zero and mostly sampling noise moves it. "
-            "The token_mean twin (same start, 12 turns, KL and batch) is the control: whatever growth it shows "
-            "comes from learning or noise, not from the loss aggregation."),
+            "and sample the same batch size (faults.length_tasks_per_step). The token_mean twin (same start, "
+            "12 turns, KL and batch) is the control: whatever growth it shows comes from learning, not from the "
+            "loss aggregation."),
     "ref_is_policy": Failure(
         "kl", ("kl_ref",),
         what=BUGS["ref_is_policy"] + ": the KL penalty compares the policy with itself.",

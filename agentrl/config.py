@@ -246,7 +246,7 @@ class FaultsConfig:
     length_kl_coef: float = 0.05   # both runs of the length pair: KL to their start (rl.kl_kind)
     length_p_read: float = 0.9     # the length pair's start: the base recipe with these two mixture knobs, so
     length_p_persist: float = 0.95  # that failed episodes start long (SPEC's ≈ 21 tokens), see README
-    length_tasks_per_step: int = 16  # both runs of the length pair: twice rl.tasks_per_step, see README
+    length_tasks_per_step: int = 8  # both runs of the length pair (as rl.tasks_per_step; README: 16 measured)
     eval_every: int = 8            # held-out evaluation every this many steps
     eval_per_task: int = 8
     high_lr: float = 1e-2

@@ -1,7 +1,7 @@
 """The fault catalogue (agentrl.catalogue): every required signature, measured on shortened runs from the RL base.
 
 The stage (`python -m stages.faults`) runs the full-length catalogue; here each run is only as long as its
-signature needs (the step-0 signatures get 1-3 steps; public, entropy_sign and the length pair 8). All runs start
+signature needs (the step-0 signatures get 1-3 steps, public and entropy_sign 8, the length pair 16). All runs start
 from the `rl_base` fixture: the pipeline's RL base, rebuilt with the library defaults (bit-identical to
 data/models/base.pt at 2 threads), so the tests do not depend on a previous `dvc repro`; the length pair starts
 from the `length_start` fixture, built the same way as the faults stage builds it.
