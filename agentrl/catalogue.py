@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from agentrl.diagnostics import BUGS, NonFiniteError, train_logged
+from agentrl.stats import bootstrap_ci, paired_bootstrap_diff
 from agentrl.trainer import RLConfig
 
 # ---------------------------------------------------------------- the runs
@@ -125,7 +126,8 @@ FAILURES = {
             "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef) "
             "and sample the same batch size (faults.length_tasks_per_step). The token_mean twin (same start, "
             "12 turns, KL and batch) is the control: whatever growth it shows comes from learning, not from the "
-            "loss aggregation."),
+            "loss aggregation. length_fail is a mean over the episodes that still fail, so it also rises when "
+            "short failures turn into passes faster than long ones (README: length bias)."),
     "ref_is_policy": Failure(
         "kl", ("kl_ref",),
         what=BUGS["ref_is_policy"] + ": the KL penalty compares the policy with itself.",
@@ -472,7 +474,6 @@ def length_across_seeds(rows: list[dict], main: dict | None = None, n_boot: int 
     a reference check on the fault's effect beyond its control, the paired difference faulty - twin of the
     failed-episode length changes, whose percentile-bootstrap interval (seeds resampled) should lie above one
     call. Means, medians and intervals of both runs' changes ride along for the report."""
-    from agentrl.stats import bootstrap_ci, paired_bootstrap_diff
     ok = [(df, dt) for df, dt in _length_pairs(rows, main) if _num(df, dt)]
     n = len(ok)
     stat = f"mean over {n} seeds, {1 - alpha:.0%} CI with seeds resampled"

@@ -62,5 +62,5 @@ def body(ctx):
 
 
 if __name__ == "__main__":
-    run_stage("faults", ["model", "base", "rl", "faults"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
-                                                     MODELS_DIR / "base.pt"], body)
+    run_stage("faults", ["model", "base", "rl", "faults"],
+              [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json", MODELS_DIR / "base.pt"], body)
