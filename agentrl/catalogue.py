@@ -117,7 +117,7 @@ FAILURES = {
         why="Train reward rises, but on the exploit: the share of episodes using `hardcode_tests` goes to ~1 while "
             "the held-out *hidden*-test pass rate (points, top) goes to ~0."),
     "length_bias": Failure(
-        "length_twin", ("length_fail", "length_pass"),
+        "length_twin", ("length_fail", "length_pass"), secondary=("fail_turn_limit",),
         what="loss_mode seq_mean_token_mean with a 12-turn budget: each row's tokens are averaged before rows are, "
              "so a long failed episode's tokens each get a smaller negative push than a short one's.",
         why="Failing long is penalised less than failing short, so failed episodes should grow longer (length_fail) "
@@ -127,7 +127,8 @@ FAILURES = {
             "and sample the same batch size (faults.length_tasks_per_step). The token_mean twin (same start, "
             "12 turns, KL and batch) is the control: whatever growth it shows comes from learning, not from the "
             "loss aggregation. length_fail is a mean over the episodes that still fail, so it also rises when "
-            "short failures turn into passes faster than long ones (README: length bias)."),
+            "short failures turn into passes faster than long ones; fail_turn_limit (right axis) is the share of "
+            "failures that ran out of turns (README: length bias)."),
     "ref_is_policy": Failure(
         "kl", ("kl_ref",),
         what=BUGS["ref_is_policy"] + ": the KL penalty compares the policy with itself.",
@@ -512,10 +513,18 @@ def _check_length_bias(f, t, runs):
     k = _window(min(len(f), len(t)))
     df, dt = _delta(f, "length_fail", k), _delta(t, "length_fail", k)
     dp, dpt = _delta(f, "length_pass", k), _delta(t, "length_pass", k)
+    share = lambda h, start: end_mean(h, "fail_turn_limit", k, start=start)  # noqa: E731
+    pct = lambda v: f"{v:.0%}" if _finite(v) else "—"  # noqa: E731
+    detail = (f"the share of failed episodes that ran out of turns (fail_turn_limit, same steps) went from "
+              f"{pct(share(f, True))} to {pct(share(f, False))} in the faulty run and from {pct(share(t, True))} to "
+              f"{pct(share(t, False))} in the twin; length_fail mixes these long failures with short submitted ones, "
+              f"so it also moves with this share when no failed episode gets longer")
     return [_check("length_fail change", f"mean of last {k} minus first {k} steps", df, dt, LENGTH_CRITERION,
-                   length_signature(df, dt),
+                   length_signature(df, dt), detail=detail,
                    faulty_start=end_mean(f, "length_fail", k, start=True), faulty_end=end_mean(f, "length_fail", k),
-                   healthy_start=end_mean(t, "length_fail", k, start=True), healthy_end=end_mean(t, "length_fail", k)),
+                   healthy_start=end_mean(t, "length_fail", k, start=True), healthy_end=end_mean(t, "length_fail", k),
+                   faulty_turn_limit_start=share(f, True), faulty_turn_limit_end=share(f, False),
+                   healthy_turn_limit_start=share(t, True), healthy_turn_limit_end=share(t, False)),
             _check("length_pass change", f"mean of last {k} minus first {k} steps", dp, dpt,
                    "passed episodes stay short: faulty change < faulty length_fail change",
                    _num(dp, df) and dp < df, "reference",

@@ -38,7 +38,8 @@ WRONG_ENTROPY_COEF = -0.3
 
 METRIC_GROUPS = {
     "outcome": ["reward", "pass_rate", "eval_pass"],
-    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "hardcode", "length_pass", "length_fail"],
+    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "hardcode", "length_pass", "length_fail",
+                  "fail_turn_limit"],
     "optimizer": ["entropy", "approx_kl", "approx_kl_max", "clip_frac", "clip_frac_max", "ratio_max", "ratio_min",
                   "grad_norm", "grad_norm_max", "kl_ref", "zero_adv_frac", "all_pass_frac", "all_fail_frac"],
     "consistency": ["logp_gap", "logp_gap_max"],

@@ -62,6 +62,9 @@ def behavior_stats(trajs: list[Trajectory]) -> dict:
         "read_first": sum(bool(t.info["tools"]) and t.info["tools"][0] == "read" for t in trajs) / n,
         "length_pass": mean_len(passed),
         "length_fail": mean_len(failed),
+        # failed episodes that ran out of turns (never submitted): length_fail is a mix of these long failures
+        # and short submitted ones, so it moves when either kind's share does
+        "fail_turn_limit": sum(not t.info["submitted"] for t in failed) / len(failed) if failed else float("nan"),
         "policy_tokens": mean_len(trajs),
     }
 

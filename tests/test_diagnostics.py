@@ -1,7 +1,9 @@
 """Diagnostics: the instrumented trainer equals the plain one, the nine invariants catch every code fault
 (the matrix of SPEC §6, cell by cell), guards stop on non-finite values and their bundles replay exactly,
-and `git bisect run python -m agentrl check` finds a commit that breaks the trainer."""
+`git bisect run python -m agentrl check` finds a commit that breaks the trainer, and the dashboard's
+fail_turn_limit says how much of length_fail is failures that ran out of turns."""
 import copy
+import math
 import shutil
 import subprocess
 import sys
@@ -142,3 +144,23 @@ def test_git_bisect_finds_the_faulty_commit(tmp_path):
     out = subprocess.run(["git", "bisect", "run", sys.executable, "-m", "agentrl", "check"], cwd=repo,
                          capture_output=True, text=True)
     assert f"{bad} is the first bad commit" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def test_fail_turn_limit_is_the_share_of_failures_that_ran_out_of_turns():
+    from agentrl.evaluation import behavior_stats
+    from agentrl.rollout import OWNER, Trajectory
+
+    def episode(n_policy: int, submitted: bool, passed: bool):
+        info = {"submitted": submitted, "hidden_pass": passed, "reads": 0, "tests": 0, "edits": 0, "n_turns": 1,
+                "n_invalid": 0, "ops": [], "tools": []}
+        owner = [OWNER["prompt"]] + [OWNER["policy"]] * n_policy
+        return Trajectory(list(range(n_policy + 1)), owner, [0.0] * n_policy, float(submitted and passed), info)
+
+    short_fail, long_fail, passed = episode(10, True, False), episode(42, False, False), episode(13, True, True)
+    beh = behavior_stats([short_fail, short_fail, short_fail, long_fail, passed])
+    assert beh["fail_turn_limit"] == pytest.approx(1 / 4)
+    assert beh["length_fail"] == pytest.approx((3 * 10 + 42) / 4)
+    # fewer short failures, same long ones: length_fail rises though no failed episode got longer
+    fewer = behavior_stats([short_fail, long_fail, passed, passed, passed])
+    assert fewer["fail_turn_limit"] == pytest.approx(1 / 2) and fewer["length_fail"] == pytest.approx(26.0)
+    assert math.isnan(behavior_stats([passed])["fail_turn_limit"])

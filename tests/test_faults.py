@@ -290,6 +290,10 @@ def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
     assert c["holds"] == (dt < C.ONE_CALL_TOKENS)   # the twin's own change decides; see the across-seeds reading
     # the start fails long (the reference starts at ≈ 21 policy tokens) and passes short
     assert C.end_mean(f, "length_fail", k, start=True) > C.end_mean(f, "length_pass", k, start=True) + 3
+    # the faulty run's failures grow by running out of turns more often, and the check reports that share
+    assert c["faulty_turn_limit_end"] > c["faulty_turn_limit_start"] + 0.1
+    assert all(0 <= r["fail_turn_limit"] <= 1 for r in f + t if r["fail_turn_limit"] == r["fail_turn_limit"])
+    assert "ran out of turns" in c["detail"]
 
 
 def test_accum_local_has_no_dashboard_signature(short_catalogue):
