@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from agentrl.config import LENGTH_START_KNOBS
 from agentrl.diagnostics import BUGS, NonFiniteError, train_logged
 from agentrl.stats import bootstrap_ci, paired_bootstrap_diff
 from agentrl.trainer import RLConfig
@@ -121,9 +122,9 @@ FAILURES = {
         what="loss_mode seq_mean_token_mean with a 12-turn budget: each row's tokens are averaged before rows are, "
              "so a long failed episode's tokens each get a smaller negative push than a short one's.",
         why="Failing long is penalised less than failing short, so failed episodes should grow longer (length_fail) "
-            "while passed ones do not. The pair starts from a base that, once a test has shown its repair failed, "
-            "mostly keeps calling tools instead of submitting (faults.length_p_persist), so failed episodes start "
-            "long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef) "
+            "while passed ones do not. The pair starts from a base that reads, tests every repair, never gives up "
+            "or hardcodes, and once a test has shown its repair failed mostly keeps calling tools instead of "
+            "submitting (faults.length_p_*), so failed episodes start long and vary in length; both runs are held to that start by the same KL term (faults.length_kl_coef) "
             "and sample the same batch size (faults.length_tasks_per_step). The token_mean twin (same start, "
             "12 turns, KL and batch) is the control: whatever growth it shows comes from learning, not from the "
             "loss aggregation. length_fail is a mean over the episodes that still fail, so it also rises when "
@@ -146,11 +147,12 @@ def run_config(spec: RunSpec, base_cfg: RLConfig, fcfg) -> RLConfig:
 
 
 def length_start_config(base_cfg, fcfg):
-    """The BaseConfig of the length pair's start: the RL base's recipe with the scripted mixture reading almost
-    always (faults.length_p_read) and, after a test has shown a failure, mostly trying again instead of
-    submitting (faults.length_p_persist), so that failed episodes start long and both ways to fail (stop or
-    keep going) are common. Built by make_rl_base with the base stage's seed."""
-    return replace(base_cfg, p_read=fcfg.length_p_read, p_persist=fcfg.length_p_persist)
+    """The BaseConfig of the length pair's start: the RL base's recipe with the mixture knobs p_read, p_test,
+    p_give_up, p_hardcode and p_persist taken from faults.length_p_*. The defaults read and test every repair and
+    never give up or hardcode, so every failure is a tested wrong repair that then either submits or keeps
+    calling tools (p_persist per turn): short and long failures both start common, and no kind of short failure
+    is one that learning removes by itself. Built by make_rl_base with the base stage's seed."""
+    return replace(base_cfg, **{f"p_{k}": getattr(fcfg, f"length_p_{k}") for k in LENGTH_START_KNOBS})
 
 
 def run_steps(spec: RunSpec, fcfg, steps_for: dict | None = None) -> int:
@@ -513,18 +515,19 @@ def _check_length_bias(f, t, runs):
     k = _window(min(len(f), len(t)))
     df, dt = _delta(f, "length_fail", k), _delta(t, "length_fail", k)
     dp, dpt = _delta(f, "length_pass", k), _delta(t, "length_pass", k)
-    share = lambda h, start: end_mean(h, "fail_turn_limit", k, start=start)  # noqa: E731
+    (fs, fe), (ts, te) = ((end_mean(h, "fail_turn_limit", k, start=True), end_mean(h, "fail_turn_limit", k))
+                          for h in (f, t))
     pct = lambda v: f"{v:.0%}" if _finite(v) else "—"  # noqa: E731
     detail = (f"the share of failed episodes that ran out of turns (fail_turn_limit, same steps) went from "
-              f"{pct(share(f, True))} to {pct(share(f, False))} in the faulty run and from {pct(share(t, True))} to "
-              f"{pct(share(t, False))} in the twin; length_fail mixes these long failures with short submitted ones, "
-              f"so it also moves with this share when no failed episode gets longer")
+              f"{pct(fs)} to {pct(fe)} in the faulty run and from {pct(ts)} to {pct(te)} in the twin; length_fail "
+              f"mixes these long failures with short submitted ones, so it also moves with this share when no "
+              f"failed episode gets longer")
     return [_check("length_fail change", f"mean of last {k} minus first {k} steps", df, dt, LENGTH_CRITERION,
                    length_signature(df, dt), detail=detail,
                    faulty_start=end_mean(f, "length_fail", k, start=True), faulty_end=end_mean(f, "length_fail", k),
                    healthy_start=end_mean(t, "length_fail", k, start=True), healthy_end=end_mean(t, "length_fail", k),
-                   faulty_turn_limit_start=share(f, True), faulty_turn_limit_end=share(f, False),
-                   healthy_turn_limit_start=share(t, True), healthy_turn_limit_end=share(t, False)),
+                   faulty_turn_limit_start=fs, faulty_turn_limit_end=fe,
+                   healthy_turn_limit_start=ts, healthy_turn_limit_end=te),
             _check("length_pass change", f"mean of last {k} minus first {k} steps", dp, dpt,
                    "passed episodes stay short: faulty change < faulty length_fail change",
                    _num(dp, df) and dp < df, "reference",

@@ -237,6 +237,10 @@ class AblateConfig:
             "alpha": (float, lambda v: 0 < v < 1, "a number in (0, 1)")})
 
 
+# the mixture knobs of the length pair's start: FaultsConfig.length_p_<k> replaces BaseConfig.p_<k>
+LENGTH_START_KNOBS = ("read", "test", "give_up", "hardcode", "persist")
+
+
 @dataclass
 class FaultsConfig:
     steps: int = 24                # most catalogue runs
@@ -244,8 +248,14 @@ class FaultsConfig:
     length_steps: int = 16         # the length-bias pair
     length_turns: int = 12
     length_kl_coef: float = 0.05   # both runs of the length pair: KL to their start (rl.kl_kind)
-    length_p_read: float = 0.9     # the length pair's start: the base recipe with these two mixture knobs, so
-    length_p_persist: float = 0.95  # that failed episodes start long (SPEC's ≈ 21 tokens), see README
+    # the length pair's start: the base recipe with these mixture knobs (README: length bias). It reads, tests
+    # every repair and never gives up or hardcodes, so every failure is a tested wrong repair, after which it
+    # keeps calling tools instead of submitting with probability length_p_persist per turn
+    length_p_read: float = 1.0
+    length_p_test: float = 1.0
+    length_p_give_up: float = 0.0
+    length_p_hardcode: float = 0.0
+    length_p_persist: float = 0.8
     length_tasks_per_step: int = 8  # both runs of the length pair (as rl.tasks_per_step; README: 16 measured)
     eval_every: int = 8            # held-out evaluation every this many steps
     eval_per_task: int = 8
@@ -262,8 +272,8 @@ class FaultsConfig:
                             "high_lr": (float, lambda v: v > 0, "a number > 0"),
                             "kl_coef": (float, lambda v: v > 0, "a number > 0"),
                             "length_kl_coef": (float, lambda v: v >= 0, "a number >= 0"),
-                            "length_p_read": (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-                            "length_p_persist": (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")})
+                            **{f"length_p_{k}": (float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+                               for k in LENGTH_START_KNOBS}})
 
 
 @dataclass

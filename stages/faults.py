@@ -1,8 +1,8 @@
 """Stage faults: the fault catalogue (SPEC §8 item 9). A healthy reference and every failure of the debugging
 chapter, all with the same seed and from the RL base, except the length pair, which starts from a base cloned
-with the same recipe from a mixture that reads and, after failing, keeps trying (faults.length_p_*); per failure
-its healthy twin, the metric that exposes it, a signature check, and a 2x2 dashboard panel. The logic lives in
-agentrl.catalogue; this script wires it up."""
+with the same recipe from a mixture that reads, tests every repair and, after a failed test, keeps trying
+(faults.length_p_*); per failure its healthy twin, the metric that exposes it, a signature check, and a 2x2
+dashboard panel. The logic lives in agentrl.catalogue; this script wires it up."""
 import sys
 import time
 

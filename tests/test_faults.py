@@ -87,11 +87,16 @@ def test_run_configs_follow_the_faults_params():
 
 def test_length_start_is_the_base_recipe_with_the_length_knobs():
     from agentrl.config import BaseConfig, ConfigError
-    b, f = BaseConfig(), FaultsConfig(length_p_read=0.8, length_p_persist=0.5)
+    knobs = {"read": 0.8, "test": 0.7, "give_up": 0.2, "hardcode": 0.1, "persist": 0.5}
+    b, f = BaseConfig(), FaultsConfig(**{f"length_p_{k}": v for k, v in knobs.items()})
     start = C.length_start_config(b, f)
-    assert (start.p_read, start.p_persist) == (0.8, 0.5)
-    assert replace(start, p_read=b.p_read, p_persist=b.p_persist) == b
-    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_kl_coef", -1.0),
+    assert {k: getattr(start, f"p_{k}") for k in knobs} == knobs
+    assert replace(start, **{f"p_{k}": getattr(b, f"p_{k}") for k in knobs}) == b   # nothing else changes
+    # the defaults: every failure is a tested wrong repair (no give-ups, untested or hardcoded repairs)
+    default = C.length_start_config(b, FaultsConfig())
+    assert (default.p_test, default.p_give_up, default.p_hardcode) == (1.0, 0.0, 0.0) and default.p_persist > 0
+    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_p_test", 1.1),
+                       ("length_p_give_up", -0.5), ("length_p_hardcode", 2.0), ("length_kl_coef", -1.0),
                        ("length_tasks_per_step", 0)):
         with pytest.raises(ConfigError, match=f"FaultsConfig.{field}"):
             FaultsConfig(**{field: bad})
