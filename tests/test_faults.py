@@ -292,7 +292,10 @@ def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
     assert df >= C.ONE_CALL_TOKENS and df > dt
     c = _check(short_catalogue, "length_bias", "length_fail change")
     assert c["faulty"] == pytest.approx(df) and c["healthy"] == pytest.approx(dt)
-    assert c["holds"] == (dt < C.ONE_CALL_TOKENS)   # the twin's own change decides; see the across-seeds reading
+    # the twin's failed episodes stay within one call: this is the stage's own pair (seed 0, bit-identical at
+    # 2 threads); over seeds 0-23 the twin's change spreads with a standard deviation of 4.5 tokens around
+    # +0.2 and the signature holds at 16 of 24 (README: length bias; the stage reads it over 12 seeds)
+    assert dt < C.ONE_CALL_TOKENS and c["holds"] and short_catalogue["checks"]["length_bias"]["required_holds"]
     # the start fails long (the reference starts at ≈ 21 policy tokens) and passes short
     assert C.end_mean(f, "length_fail", k, start=True) > C.end_mean(f, "length_pass", k, start=True) + 3
     # the faulty run's failures grow by running out of turns more often, and the check reports that share
