@@ -151,6 +151,37 @@ def test_adding_a_seed_runs_only_the_new_instances(mini):
     run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
 
 
+def start_queue_workers(repo: Path, jobs: int) -> None:
+    """`dvc queue start -j jobs`, its output in a file: the workers it detaches inherit the command's stdout and
+    stderr, so capturing them would wait for the last worker to exit (and a worker can hang in its shutdown
+    after its last experiment has finished)."""
+    with open(repo / "queue_start.log", "w") as log:
+        out = subprocess.run([str(BIN / "dvc"), "queue", "start", "-j", str(jobs)], cwd=repo, stdout=log,
+                             stderr=subprocess.STDOUT, timeout=120, env=clone_env())
+    assert out.returncode == 0, (repo / "queue_start.log").read_text()[-4000:]
+
+
+def stop_queue_workers(repo: Path) -> None:
+    """Stop the queue's workers, killing any still alive after 30 s (by the pid files DVC writes for them)."""
+    run([str(BIN / "dvc"), "queue", "stop"], repo, check=False, timeout=120)
+    pids = [int(p.read_text().split()[0]) for p in (repo / ".dvc" / "tmp" / "exps" / "celery").glob("*.pid")
+            if p.read_text().strip()]
+    deadline = time.time() + 30
+    while pids and time.time() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(1)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_parallel_queue_logs_every_run(mini):
     import mlflow
     repo = mini["repo"]
@@ -159,13 +190,16 @@ def test_parallel_queue_logs_every_run(mini):
     before = {r.info.run_id for r in client.search_runs([exp.experiment_id], max_results=5000)}
     for seed in (3, 4):
         run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"ablate.seeds=[0,1,{seed}]"], repo)
-    run([str(BIN / "dvc"), "queue", "start", "-j", "2"], repo)
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
-        if "Queued" not in status and "Running" not in status:
-            break
-        time.sleep(5)
+    try:
+        start_queue_workers(repo, 2)
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
+            if "Queued" not in status and "Running" not in status:
+                break
+            time.sleep(5)
+    finally:
+        stop_queue_workers(repo)
     assert "Failed" not in status, status
     new = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if r.info.run_id not in before]
     names = sorted(r.info.run_name for r in new)
