@@ -164,19 +164,20 @@ def start_queue_workers(repo: Path, jobs: int) -> None:
 def stop_queue_workers(repo: Path) -> None:
     """Stop the queue's workers, killing any still alive after 30 s (by the pid files DVC writes for them)."""
     run([str(BIN / "dvc"), "queue", "stop"], repo, check=False, timeout=120)
-    pids = [int(p.read_text().split()[0]) for p in (repo / ".dvc" / "tmp" / "exps" / "celery").glob("*.pid")
-            if p.read_text().strip()]
+    texts = [p.read_text().split() for p in (repo / ".dvc" / "tmp" / "exps" / "celery").glob("*.pid")]
+    pids = [int(t[0]) for t in texts if t]
     deadline = time.time() + 30
     while pids and time.time() < deadline:
-        pids = [pid for pid in pids if _alive(pid)]
+        pids = [pid for pid in pids if _signal(pid, 0)]
         time.sleep(1)
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def _signal(pid: int, sig: int) -> bool:
+    """Send `sig` to `pid` (0: only check it exists); False if the process is gone."""
     try:
-        os.kill(pid, 0)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return False
     return True
