@@ -9,8 +9,8 @@ import time
 def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
     """Median seconds of sampling, update and the whole step over `steps` timed steps (after 2 warm-up)."""
     import torch
-    from agentrl.rollout import sample_step
-    from agentrl.trainer import env_factory_for, make_optimizer, prepare_batch, rl_update
+    from agentrl.rl.rollout import sample_step
+    from agentrl.rl.trainer import env_factory_for, make_optimizer, prepare_batch, rl_update
     torch.set_num_threads(threads)
     model = copy.deepcopy(model)
     opt = make_optimizer(model, cfg)
@@ -34,19 +34,13 @@ def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
             "tokens_per_step": statistics.median(tokens)}
 
 
-def run_bench(args) -> int:
-    import torch
-    from agentrl.cli import check_model
-    from agentrl.tasks import make_tasks
-    from agentrl.tokenizer import build_tokenizer
-    from agentrl.trainer import RLConfig
-    torch.set_num_threads(2)
-    tok = build_tokenizer(make_tasks("all"))
-    model, source = check_model(args.model, tok)
+def run_bench(args, model, source: str, tok) -> int:
+    from agentrl.config import RLConfig
+    from agentrl.env.tasks import make_tasks
     cfg = RLConfig()
     print(f"bench: TinyAgent {model.num_params():,} parameters ({source}); one step = "
           f"{cfg.group_size * cfg.tasks_per_step} episodes sampled + one update; median of {args.steps} steps")
-    for threads in [int(t) for t in str(args.threads).split(",")]:
+    for threads in args.threads:
         r = time_steps(model, tok, make_tasks("train"), cfg, args.steps, threads)
         print(f"  threads {threads}: step {r['step_s']:.3f} s  (sampling {r['sample_s']:.3f} s, update "
               f"{r['update_s']:.3f} s)  {r['episodes_per_s']:.0f} sampled episodes/s  "

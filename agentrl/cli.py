@@ -1,19 +1,80 @@
-"""python -m agentrl {envcheck, check, bench, audit, replay}."""
+"""python -m agentrl {check, envcheck, bench, audit, replay, study, compare-reports}.
+
+Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
+torch's thread count once, then works.
+"""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 
-def _threads(n: int) -> None:
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2) instead of usage + message."""
+
+    def error(self, message):
+        print(f"error: {self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {value}")
+        return value
+    return parse
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def _thread_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, got {text!r}")
+    return [_int_at_least(1)(p) for p in parts]
+
+
+def set_threads(n: int) -> None:
     import torch
     torch.set_num_threads(n)
 
 
+def fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def load_model(args, tok):
+    """The policy under test: --model PATH (must exist), data/models/base.pt by default, or --quick-base (a small
+    base cloned now, deterministically). Never a silent substitute."""
+    from agentrl.model.checkpoints import load_policy
+    if args.quick_base:
+        from agentrl.config import BaseConfig
+        from agentrl.env.tasks import make_tasks
+        from agentrl.rl.starting import make_rl_base
+        cfg = BaseConfig(demos_per_task=20, steps=80, teach_steps=40)
+        return make_rl_base(tok, make_tasks("train"), cfg, seed=0)[0], "a quick base (cloned now)"
+    path = args.model or "data/models/base.pt"
+    return load_policy(path, tok.hash)[0], path
+
+
 def cmd_envcheck(args) -> int:
-    from agentrl.gym import environment_check
-    from agentrl.tasks import make_tasks
+    from agentrl.env.callers import environment_check
+    from agentrl.env.tasks import make_tasks
     res = environment_check(make_tasks("train"), episodes=args.episodes, seed=args.seed)
     print(f"environment check: {args.episodes} episodes per policy on the train tasks, renamed functions")
     for label, r in res.items():
@@ -26,43 +87,25 @@ def cmd_envcheck(args) -> int:
     return 0 if ok else 1
 
 
-def quick_base(tok, seed: int = 0):
-    """A small, fast behaviour-cloned base for checks when data/models/base.pt is not available."""
-    from agentrl.config import BaseConfig
-    from agentrl.starting_policy import make_rl_base
-    from agentrl.tasks import make_tasks
-    cfg = BaseConfig(demos_per_task=20, steps=80, teach_steps=40, p_rename_operands=0.75, p_give_up=0.3)
-    return make_rl_base(tok, make_tasks("train"), cfg, seed=seed)[0]
-
-
-def check_model(path: str | None, tok):
-    """The RL base from `path`, data/models/base.pt, or (neither usable) a quick freshly cloned base."""
-    from agentrl.policy import CheckpointError, load_policy
-    for candidate in ([path] if path else ["data/models/base.pt"]):
-        if candidate and Path(candidate).exists():
-            try:
-                return load_policy(candidate, tok.hash)[0], candidate
-            except CheckpointError as exc:
-                if path:
-                    raise
-                print(f"check: {exc}; using a quick base instead", file=sys.stderr)
-    return quick_base(tok), "quick base (cloned now)"
-
-
 def cmd_check(args) -> int:
-    _threads(args.threads)
-    import torch
-    from agentrl.diagnostics import CHECKS, EXPECTED_FAILURES, failed_checks, sanity_checks
-    from agentrl.rollout import sample_step
-    from agentrl.tasks import make_tasks
-    from agentrl.tokenizer import build_tokenizer
-    from agentrl.trainer import RLConfig, env_factory_for
+    set_threads(args.threads)
+    from agentrl.config import RLConfig, UserError
+    from agentrl.env.tasks import make_tasks
+    from agentrl.env.tokenizer import build_tokenizer
+    from agentrl.faults.registry import EXPECTED_FAILURES, seams_for
+    from agentrl.rl.invariants import CHECKS, failed_checks, sanity_checks
+    from agentrl.rl.rollout import sample_step
+    from agentrl.rl.trainer import env_factory_for
+    from agentrl.seeding import generator
     tok = build_tokenizer(make_tasks("all"))
-    model, source = check_model(args.model, tok)
+    try:
+        seams = seams_for(args.bug)
+        model, source = load_model(args, tok)
+    except UserError as exc:
+        return fail(str(exc) + ("" if args.model or args.quick_base else " (or pass --model PATH or --quick-base)"))
     cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed)
-    batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg,
-                           torch.Generator().manual_seed(args.seed))
-    res = sanity_checks(model, batch, tok, cfg, args.bug)
+    batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(args.seed))
+    res = sanity_checks(model, batch, tok, cfg, seams)
     print(f"check: nine invariants on one {len(batch)}-episode batch from {source}"
           + (f", injected fault {args.bug}" if args.bug else ""))
     for i, name in enumerate(CHECKS):
@@ -77,29 +120,31 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     from agentrl.bench import run_bench
-    return run_bench(args)
+    from agentrl.config import UserError
+    from agentrl.env.tasks import make_tasks
+    from agentrl.env.tokenizer import build_tokenizer
+    tok = build_tokenizer(make_tasks("all"))
+    try:
+        model, source = load_model(args, tok)
+    except UserError as exc:
+        return fail(str(exc) + ("" if args.model or args.quick_base else " (or pass --model PATH or --quick-base)"))
+    return run_bench(args, model, source, tok)
 
 
 def cmd_audit(args) -> int:
-    from agentrl.tracking import AuditError, ProvenanceError, audit, format_audit
-    try:
-        result = audit(args.spec)
-    except (AuditError, ProvenanceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_audit(result))
-    return 0 if result["status"] == "current" else 1
+    from agentrl.tracking.audit import main
+    return main(args.spec, args.json)
 
 
 def cmd_replay(args) -> int:
-    from agentrl.diagnostics import replay_bundle, same_stats
+    from agentrl.faults.registry import seams_for
+    from agentrl.rl.guards import replay_bundle, same_stats
     target = args.bundle
     if target.isdigit():
         target = str(Path(args.bundle_dir) / f"step_{int(target):04d}.pt")
     if not Path(target).is_file():
-        print(f"error: replay bundle {target} not found", file=sys.stderr)
-        return 2
-    recorded, replayed = replay_bundle(target)
+        return fail(f"replay bundle {target} not found")
+    recorded, replayed = replay_bundle(target, seams_for)
     same = same_stats(recorded, replayed)
     print(f"replay {target}:")
     for k in sorted(recorded):
@@ -108,27 +153,51 @@ def cmd_replay(args) -> int:
     return 0 if same else 1
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentrl", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def cmd_study(args) -> int:
+    from agentrl.studies import run_study
+    return run_study(args)
+
+
+def cmd_compare_reports(args) -> int:
+    from agentrl.report.numbers import main
+    return main(args.snapshot, args.reports, args.moved)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m agentrl", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     e = sub.add_parser("envcheck", help="weak expert vs random policy reward distributions")
-    e.add_argument("--episodes", type=int, default=200)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--episodes", type=_int_at_least(1), default=200)
+    e.add_argument("--seed", type=_int_at_least(0), default=0)
     c = sub.add_parser("check", help="the nine trainer invariants; exit 1 on any failure (git bisect run)")
-    c.add_argument("--model", help="policy checkpoint (default: data/models/base.pt, else a quick base)")
-    c.add_argument("--bug", help="inject a fault to see it caught")
-    c.add_argument("--kl-coef", type=float, default=0.1)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=int, default=2)
-    b = sub.add_parser("bench", help="median time of one training step at 1 and 2 threads")
-    b.add_argument("--steps", type=int, default=7, help="timed steps per thread count (after 2 warm-up steps)")
-    b.add_argument("--threads", default="1,2")
-    b.add_argument("--model", help="policy checkpoint (default: data/models/base.pt, else a quick base)")
+    c.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
+    c.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
+    c.add_argument("--bug", help="inject a registered fault to see it caught")
+    c.add_argument("--kl-coef", type=_nonneg_float, default=0.1)
+    c.add_argument("--seed", type=_int_at_least(0), default=0)
+    c.add_argument("--threads", type=_int_at_least(1), default=2)
+    b = sub.add_parser("bench", help="step time at 1 and 2 threads, and the sampler against a full-recompute one")
+    b.add_argument("--steps", type=_int_at_least(1), default=7, help="timed steps per thread count (after 2 warm-up)")
+    b.add_argument("--threads", type=_thread_list, default=[1, 2])
+    b.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
+    b.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
+    a.add_argument("--json", action="store_true", help="machine-readable answer")
     r = sub.add_parser("replay", help="re-run a saved training step from its replay bundle")
     r.add_argument("bundle", help="bundle file, or a step number (looked up in --bundle-dir)")
     r.add_argument("--bundle-dir", default="data/train/bundles")
-    args = p.parse_args(argv)
-    return {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
-            "replay": cmd_replay}[args.cmd](args)
+    s = sub.add_parser("study", help="summarize a study run outside the default pipeline")
+    s.add_argument("name", choices=["length-bias"])
+    m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
+    m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
+    m.add_argument("--reports", default="reports")
+    m.add_argument("--moved", default="tests/fixtures/reports_moved.json")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
+             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports}
+    return verbs[args.cmd](args)

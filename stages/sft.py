@@ -1,33 +1,35 @@
 """Stage sft: the SFT cold start (one oracle demonstration per train task), and both starting policies described."""
 import copy
 
-import torch
+from agentrl.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
+from agentrl.env.tasks import load_split
+from agentrl.env.tokenizer import load_tokenizer
+from agentrl.eval.evaluation import DESCRIBE_GROUP_SIZE, describe
+from agentrl.model.checkpoints import load_for, save_policy
+from agentrl.rl.starting import oracle_demos, train_sft
+from agentrl.seeding import generator
+from agentrl.stage import run_stage
 
-from agentrl.evaluation import describe
-from agentrl.pipeline import (MODELS_DIR, REPORTS, TASKS_DIR, derive_seed, load_split, load_tokenizer,
-                              run_stage, write_json)
-from agentrl.policy import load_for, save_policy
-from agentrl.starting_policy import oracle_demos, train_sft
-from agentrl.trainer import RLConfig
+SECTIONS = ["model", "rl", "sft"]
+READS = {"rl": ["max_turns", "max_call_tokens", "rename"]}  # the episode rules describe() samples under
+INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 
 
 def body(ctx):
-    cfg = ctx.params["sft"]
+    cfg, rl = ctx.params["sft"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_for(MODELS_DIR / "base.pt", tok, ctx.params["model"])
+    base, _ = load_for(policy_path("base"), tok, ctx.params["model"])
     sft = copy.deepcopy(base)
-    demos = oracle_demos(split["train"], tok, torch.Generator().manual_seed(derive_seed(ctx.seed, "sft-demos")))
+    demos = oracle_demos(split["train"], tok, generator(ctx.seed, "sft-demos"))
     losses = train_sft(sft, demos, tok, cfg.steps, cfg.lr)
-    save_policy(MODELS_DIR / "sft.pt", sft, tok.hash, extra={"fingerprint": ctx.fingerprint})
-    rl = RLConfig(seed=ctx.seed)
-    described = {}
-    for name, model in (("base", base), ("sft", sft)):
-        g = torch.Generator().manual_seed(derive_seed(ctx.seed, "describe"))  # same stream for both: paired
-        described[name] = describe(model, split["train"], tok, cfg.describe_per_task, g, rl)
-    out = {"provenance": ctx.provenance, "sft_demos": len(demos),
-           "sft_tokens": sum(d.n_policy_tokens for d in demos), "sft_steps": cfg.steps,
-           "sft_loss_first": losses[0], "sft_loss_last": losses[-1], **described}
+    save_policy(policy_path("sft"), sft, tok.hash)
+    described = {name: describe(model, split["train"], tok, cfg.describe_per_task, generator(ctx.seed, "describe"), rl)
+                 for name, model in (("base", base), ("sft", sft))}   # the same stream for both: paired
+    out = {"sft_demos": len(demos), "sft_tokens": sum(d.n_policy_tokens for d in demos), "sft_steps": cfg.steps,
+           "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "group_size": DESCRIBE_GROUP_SIZE, **described}
     write_json(REPORTS / "starting_policy.json", out)
+    write_metrics("sft", {f"{name}_{k}": described[name][k] for name in ("base", "sft")
+                         for k in ("pass_at_1", "groups_with_gradient")})
     for name, d in described.items():
         ctx.run.log_metrics({f"{name}.{k}": v for k, v in d.items() if isinstance(v, (int, float))})
     print(f"sft: {len(demos)} demonstrations, {out['sft_tokens']} supervised tokens, {cfg.steps} steps")
@@ -37,5 +39,4 @@ def body(ctx):
 
 
 if __name__ == "__main__":
-    run_stage("sft", ["model", "sft"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
-                                         MODELS_DIR / "base.pt"], body)
+    run_stage("sft", SECTIONS, INPUTS, body, only=READS)

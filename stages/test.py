@@ -1,47 +1,44 @@
 """Stage test: the starting policy and the chosen checkpoint, once each, on the test tasks: per-task counts,
 pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference."""
-import torch
+from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
+                               write_json, write_metrics)
+from agentrl.env.tasks import load_split
+from agentrl.env.tokenizer import load_tokenizer
+from agentrl.eval.evaluation import evaluate
+from agentrl.eval.stats import counts_summary, paired_bootstrap_diff
+from agentrl.model.checkpoints import load_for
+from agentrl.seeding import generator, stream_seed
+from agentrl.stage import run_stage
 
-from agentrl.evaluation import evaluate
-from agentrl.policy import load_for
-from agentrl.pipeline import (MODELS_DIR, REPORTS, TASKS_DIR, TRAIN_DIR, derive_seed, load_split,
-                              load_tokenizer, read_json, run_stage, write_json)
-from agentrl.stats import bootstrap_ci, mean_pass_at_k, paired_bootstrap_diff, pass_at_k
-from agentrl.trainer import RLConfig
-
-
-def summarize(res: dict, ks: list, cfg, seed: int) -> dict:
-    counts = {name: (v["n"], v["c"]) for name, v in res["per_task"].items()}
-    rates = [c / n for n, c in counts.values()]
-    mean, lo, hi = bootstrap_ci(rates, cfg.n_boot, cfg.alpha, seed=seed)
-    return {"pass_at_1": mean_pass_at_k(list(counts.values()), 1), "ci_lo": lo, "ci_hi": hi,
-            "pass_at_k": {str(k): mean_pass_at_k(list(counts.values()), k) for k in ks},
-            "per_task": {name: {"n": n, "c": c, **{f"pass_at_{k}": pass_at_k(n, c, k) for k in ks}}
-                         for name, (n, c) in counts.items()}}
+SECTIONS = ["model", "rl", "test"]
+READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}  # the episode rules and the sampler
+INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
 
 
 def body(ctx):
-    cfg = ctx.params["test"]
+    cfg, rl = ctx.params["test"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    selection = read_json(REPORTS / "selection.json")
-    step = selection["chosen"]["step"]
-    rl = RLConfig(**ctx.params["rl"].to_dict() | {"seed": ctx.seed})
-    start, _ = load_for(MODELS_DIR / "base.pt", tok, ctx.params["model"])
-    chosen, _ = load_for(TRAIN_DIR / "checkpoints" / f"step_{step:04d}.pt", tok, ctx.params["model"])
-    out = {"provenance": ctx.provenance, "tasks": [t.name for t in split["test"]],
-           "episodes_per_task": cfg.episodes_per_task, "ks": cfg.ks, "alpha": cfg.alpha, "chosen_step": step}
-    for name, model in (("start", start), ("chosen", chosen)):
-        g = torch.Generator().manual_seed(derive_seed(ctx.seed, "test"))  # one stream for both: a paired comparison
-        res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, g, rl)
-        out[name] = summarize(res, cfg.ks, cfg, derive_seed(ctx.seed, "test-ci", name))
+    step = read_json(REPORTS / "selection.json")["chosen"]["step"]
+    models = {"start": load_for(policy_path("base"), tok, ctx.params["model"])[0],
+              "chosen": load_for(checkpoint_path(step), tok, ctx.params["model"])[0]}
+    out = {"tasks": [t.name for t in split["test"]], "episodes_per_task": cfg.episodes_per_task, "ks": cfg.ks,
+           "alpha": cfg.alpha, "chosen_step": step}
+    for name, model in models.items():  # one stream for both: a paired comparison
+        res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"), rl)
+        counts = {t: (v["n"], v["c"]) for t, v in res["per_task"].items()}
+        out[name] = counts_summary(counts, cfg.ks, cfg.n_boot, cfg.alpha, stream_seed(ctx.seed, "test-ci", name))
     names = list(out["start"]["per_task"])
     a = [out["start"]["per_task"][t]["c"] / out["start"]["per_task"][t]["n"] for t in names]
     b = [out["chosen"]["per_task"][t]["c"] / out["chosen"]["per_task"][t]["n"] for t in names]
-    diff, lo, hi = paired_bootstrap_diff(a, b, cfg.n_boot, cfg.alpha, seed=derive_seed(ctx.seed, "test-paired"))
+    diff, lo, hi = paired_bootstrap_diff(a, b, cfg.n_boot, cfg.alpha, seed=stream_seed(ctx.seed, "test-paired"))
     out["paired_diff"] = {"mean": diff, "ci_lo": lo, "ci_hi": hi}
     write_json(REPORTS / "test.json", out)
+    write_metrics("test", {"start_pass_at_1": out["start"]["pass_at_1"], "chosen_pass_at_1": out["chosen"]["pass_at_1"],
+                           "chosen_ci_lo": out["chosen"]["ci_lo"], "chosen_ci_hi": out["chosen"]["ci_hi"],
+                           "paired_diff": diff, "paired_ci_lo": lo, "paired_ci_hi": hi})
     ctx.run.log_metrics({"start.pass_at_1": out["start"]["pass_at_1"], "chosen.pass_at_1": out["chosen"]["pass_at_1"],
                          "paired_diff": diff})
+    ctx.run.log_artifact(REPORTS / "test.json")
     for name in ("start", "chosen"):
         s = out[name]
         print(f"test: {name:6s} pass@1 {s['pass_at_1']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]  " +
@@ -50,6 +47,4 @@ def body(ctx):
 
 
 if __name__ == "__main__":
-    run_stage("test", ["model", "rl", "test"], [TASKS_DIR / "tokenizer.json", TASKS_DIR / "split.json",
-                                                 MODELS_DIR / "base.pt", TRAIN_DIR / "checkpoints",
-                                                 REPORTS / "selection.json"], body)
+    run_stage("test", SECTIONS, INPUTS, body, only=READS)

@@ -28,24 +28,24 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def all_tasks():
-    from agentrl.tasks import make_tasks
+    from agentrl.env.tasks import make_tasks
     return make_tasks("all")
 
 
 @pytest.fixture(scope="session")
 def train_tasks():
-    from agentrl.tasks import make_tasks
+    from agentrl.env.tasks import make_tasks
     return make_tasks("train")
 
 
 @pytest.fixture(scope="session")
 def tok(all_tasks):
-    from agentrl.tokenizer import build_tokenizer
+    from agentrl.env.tokenizer import build_tokenizer
     return build_tokenizer(all_tasks)
 
 
 def _fresh_model(tok, seed: int = 0, **overrides):
-    from agentrl.policy import ModelConfig, TinyAgent
+    from agentrl.model.policy import ModelConfig, TinyAgent
     return TinyAgent(ModelConfig(len(tok), **overrides), generator=torch.Generator().manual_seed(seed))
 
 
@@ -63,8 +63,9 @@ def random_model(tok):
 
 
 def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
-    from agentrl.gym import RandomCaller, make_env_factory, run_scripted
-    from agentrl.rollout import Trajectory
+    from agentrl.env.callers import RandomCaller, run_scripted
+    from agentrl.env.gym import make_env_factory
+    from agentrl.rl.rollout import Trajectory
     gen = torch.Generator().manual_seed(seed)
     factory = make_env_factory(max_turns=6, reward="hidden", rename=True)
     out = []
@@ -79,7 +80,7 @@ def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
 
 @pytest.fixture(scope="session")
 def quick_base(tok, train_tasks):
-    from agentrl.starting_policy import train_sft
+    from agentrl.rl.starting import train_sft
     model = _fresh_model(tok, 0, emb_std=1.0)
     demos = _random_caller_trajectories(tok, train_tasks, per_task=1, seed=0)
     train_sft(model, demos, tok, steps=30, lr=1e-2)
@@ -91,7 +92,7 @@ def quick_base(tok, train_tasks):
 def rl_base(tok, train_tasks):
     """The pipeline's RL base: make_rl_base with the library defaults (which params.yaml pins, see
     test_params.py), seed 0. At 2 threads this is bit-identical to the base `dvc repro` builds."""
-    from agentrl.starting_policy import make_rl_base
+    from agentrl.rl.starting import make_rl_base
     model, _ = make_rl_base(tok, train_tasks, seed=0)
     return model
 
@@ -99,8 +100,19 @@ def rl_base(tok, train_tasks):
 @pytest.fixture(scope="session")
 def length_start(tok, train_tasks):
     """The fault catalogue's length-pair start with the library defaults, seed 0 (as the faults stage builds it)."""
-    from agentrl.catalogue import length_start_config
-    from agentrl.config import BaseConfig, FaultsConfig
-    from agentrl.starting_policy import make_rl_base
-    model, _ = make_rl_base(tok, train_tasks, length_start_config(BaseConfig(), FaultsConfig()), seed=0)
+    from agentrl.faults.length import length_start_config
+    from agentrl.config import BaseConfig, LengthConfig
+    from agentrl.rl.starting import make_rl_base
+    model, _ = make_rl_base(tok, train_tasks, length_start_config(BaseConfig(), LengthConfig()), seed=0)
     return model
+
+
+# Tests that need the real behaviour-cloned base (tens of seconds to build) or train for real are the slow tier;
+# `make test-fast` (-m "not slow") runs the rest on small fixtures.
+SLOW_FIXTURES = {"rl_base", "length_start", "short_catalogue", "healthy_run", "matrix", "mini"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

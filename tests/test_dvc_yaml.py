@@ -1,6 +1,8 @@
 """dvc.yaml declares exactly what each stage runs: its script, the agentrl modules it imports (transitively,
-including imports inside functions) and nothing else of the code; each stage's params are sections it reads."""
+including imports inside functions, and the packages they live in) and nothing else of the code; each stage's
+params are keys it reads; every report output survives a failed stage; the named plots exist."""
 import ast
+import re
 from pathlib import Path
 
 import yaml
@@ -27,51 +29,96 @@ def module_file(module: str) -> str:
     return f"{path}.py" if (REPO / f"{path}.py").exists() else f"{path}/__init__.py"
 
 
+def packages_of(file: str) -> set[str]:
+    """The __init__.py of every package a module file lives in (Python imports them first)."""
+    parts = file.split("/")[:-1]
+    return {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1)} - {file}
+
+
 def code_closure(script: str) -> set[str]:
     files, todo = {"agentrl/__init__.py"}, [script]
     while todo:
         for module in agentrl_imports(REPO / todo.pop()):
             f = module_file(module)
-            if f not in files:
-                files.add(f)
-                todo.append(f)
+            for g in {f} | packages_of(f):
+                if g not in files:
+                    files.add(g)
+                    todo.append(g)
     return files
 
 
+def dvc():
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())
+
+
 def stages():
-    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    return dvc()["stages"]
 
 
 def test_code_deps_are_exactly_the_import_closure():
     for name, stage in stages().items():
         script = f"stages/{name}.py"
         declared = {d for d in stage["deps"] if d.endswith(".py")}
-        assert declared == {script, "stages/__init__.py"} | code_closure(script), name
+        assert declared == {script} | code_closure(script), name
+
+
+def test_the_report_depends_on_no_model_code():
+    """The report renders stage outputs: none of rl/, model/, env/, eval/ or faults/ is in its closure."""
+    deps = stages()["report"]["deps"]
+    assert not [d for d in deps if re.match(r"agentrl/(rl|model|env|eval|faults)/", d)], deps
 
 
 def test_every_stage_script_is_a_stage_and_runs_as_a_module():
-    scripts = {p.stem for p in (REPO / "stages").glob("*.py")} - {"__init__"}
+    scripts = {p.stem for p in (REPO / "stages").glob("*.py")}
     assert scripts == set(stages())
     for name, stage in stages().items():
         assert stage["cmd"].startswith(f"python -m stages.{name}"), name
 
 
-def test_params_sections_exist_and_threads_feed_every_numeric_stage():
+def test_params_are_keys_the_stage_reads_and_threads_feed_every_numeric_stage():
+    import importlib
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for name, stage in stages().items():
+        module = importlib.import_module(f"stages.{name}")
+        reads = getattr(module, "READS", {})
+        declared = set()
         for p in stage["params"]:
             section, *key = p.split(".")
             assert section in params and (not key or key[0] in params[section]), (name, p)
+            declared.add(p)
+            if key and section in reads:
+                assert key[0] in reads[section], (name, p, "declared but not read")
+        for section, keys in reads.items():   # every key a stage reads is declared (so DVC reruns it)
+            assert {f"{section}.{k}" for k in keys} <= declared or section in declared, (name, section)
         numeric = name != "tasks"
         assert numeric == any(p in ("run", "run.threads") for p in stage["params"]), name
 
 
-def test_reports_are_uncached_and_no_store_inside_outputs():
+def test_reports_are_uncached_and_persist_and_no_store_inside_outputs():
     for name, stage in stages().items():
         for entry in stage.get("outs", []) + stage.get("metrics", []) + stage.get("plots", []):
             path, opts = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
             if path.startswith("reports"):
-                assert opts.get("cache") is False, (name, path)
+                assert opts.get("cache") is False and opts.get("persist") is True, (name, path)
             else:
                 assert path.startswith("data/"), (name, path)
-            assert "mlflow" not in path and "mlartifacts" not in path
+            assert "mlflow" not in path and "mlartifacts" not in path and "provenance" not in path
+
+
+def test_metrics_are_small_and_plots_are_named():
+    metrics = [next(iter(m)) if isinstance(m, dict) else m for s in stages().values() for m in s.get("metrics", [])]
+    assert all(m.startswith("reports/metrics/") for m in metrics), metrics
+    names = {next(iter(p)) for p in dvc()["plots"]}
+    assert {"training_reward", "validation_pass", "heldout_per_arm", "entropy", "approx_kl",
+            "zero_adv_share"} <= names
+    outs = {next(iter(o)) if isinstance(o, dict) else o for s in stages().values() for o in s.get("outs", [])}
+    for plot in dvc()["plots"]:
+        (name, spec), = plot.items()
+        assert spec["x"] and all(f in outs for f in spec["y"]), name
+
+
+def test_the_report_knows_which_stage_writes_each_input():
+    from agentrl.report.compute import WRITTEN_BY
+    for file, stage in WRITTEN_BY.items():
+        outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages()[stage]["outs"]}
+        assert file in outs, (file, stage)

@@ -1,4 +1,4 @@
-"""The fault catalogue (agentrl.catalogue): every required signature, measured on shortened runs from the RL base.
+"""The fault catalogue (agentrl.faults): every required signature, measured on shortened runs from the RL base.
 
 The stage (`python -m stages.faults`) runs the full-length catalogue; here each run is only as long as its
 signature needs (the step-0 signatures get 1-3 steps, public and entropy_sign 8, the length pair 16). All runs start
@@ -18,26 +18,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import catalogue as C
-from agentrl.config import FaultsConfig
-from agentrl.trainer import RLConfig
+from agentrl.config import FaultsConfig, LengthConfig, RLConfig
+from agentrl.faults import catalogue as cat
+from agentrl.faults import history as hist
+from agentrl.faults import length as ln
+from agentrl.faults import markdown as md
+from agentrl.faults import signatures as sig
 
 REPO = Path(__file__).resolve().parents[1]
 
 SHORT = {"healthy": 3, "ref_is_policy": 3, "kl": 2, "mask_shift": 1, "stale_old_logp": 2, "sampler_temp": 1,
          "lr_high": 1, "accum_local": 3, "sign_flip": 4, "entropy_sign": 8, "public": 8, "length_bias": 16,
          "length_twin": 16}
-FCFG = FaultsConfig(eval_every=8, eval_per_task=4)   # the stage's defaults otherwise (lr 1e-2, kl 0.1, 12 turns)
+FCFG = FaultsConfig(eval_every=8, eval_per_task=4)   # the stage's defaults otherwise (lr 1e-2, kl 0.1)
+LCFG = LengthConfig()                                  # 12 turns, 16 steps, KL 0.05
+PARAMS = {"faults": FCFG, "length": LCFG}
 RL = RLConfig(lr=3e-4, seed=0)                          # params.yaml rl section
 
 
 @pytest.fixture(scope="module")
 def short_catalogue(tok, rl_base, length_start):
-    from agentrl.tasks import make_tasks
+    from agentrl.env.tasks import make_tasks
     train, heldout = make_tasks("train"), make_tasks("heldout")
-    runs = C.build_catalogue(rl_base, tok, train, heldout, RL, FCFG, eval_seed=12345, names=list(SHORT),
+    runs = cat.build_catalogue(rl_base, tok, train, heldout, RL, PARAMS, eval_seed=12345, names=list(SHORT),
                              steps_for=SHORT, log=None, length_start=length_start)
-    return {"runs": runs, "checks": C.signature_checks(runs), "source": "rl_base", "heldout": heldout}
+    return {"runs": runs, "checks": sig.signature_checks(runs), "source": "rl_base", "heldout": heldout}
 
 
 def _h(cat, name):
@@ -51,55 +56,55 @@ def _check(cat, failure, metric):
 # ---------------------------------------------------------------- the catalogue's layout
 
 def test_runs_and_twins_are_consistent():
-    names = {r.name for r in C.RUNS}
-    assert len(names) == len(C.RUNS) == 13
-    for failure, spec in C.FAILURES.items():
-        assert failure in names and spec.twin in names and spec.twin in C.TWINS
+    names = {r.name for r in cat.RUNS}
+    assert len(names) == len(cat.RUNS) == 13
+    for failure, spec in cat.FAILURES.items():
+        assert failure in names and spec.twin in names and spec.twin in cat.TWINS
         assert spec.what and spec.why and spec.metrics
-    assert set(C.FAILURES) == names - set(C.TWINS)
-    assert set(C.CHECKERS) == set(C.FAILURES)
+    assert set(cat.FAILURES) == names - set(cat.TWINS)
+    assert set(sig.CHECKERS) == set(cat.FAILURES)
 
 
 def test_run_configs_follow_the_faults_params():
-    f = FaultsConfig()
-    specs = {r.name: r for r in C.RUNS}
-    cfg = {n: C.run_config(specs[n], RL, f) for n in specs}
-    steps = {n: C.run_steps(specs[n], f) for n in specs}
+    f, lc = FaultsConfig(), LengthConfig()
+    params = {"faults": f, "length": lc}
+    specs = {r.name: r for r in cat.RUNS}
+    cfg = {n: cat.run_config(specs[n], RL, params) for n in specs}
+    steps = {n: cat.run_steps(specs[n], params) for n in specs}
     assert cfg["healthy"] == RL and steps["healthy"] == f.steps
     assert cfg["ref_is_policy"].kl_coef == cfg["kl"].kl_coef == f.kl_coef and specs["ref_is_policy"].bug == "ref_is_policy"
     assert cfg["lr_high"].lr == f.high_lr and steps["lr_high"] == steps["sign_flip"] == f.short_steps
     assert cfg["public"].reward == "public"
     assert cfg["length_bias"].loss_mode == "seq_mean_token_mean" and cfg["length_twin"].loss_mode == "token_mean"
-    assert cfg["length_bias"].max_turns == cfg["length_twin"].max_turns == f.length_turns
-    assert steps["length_bias"] == steps["length_twin"] == f.length_steps
-    assert cfg["length_bias"].kl_coef == cfg["length_twin"].kl_coef == f.length_kl_coef
-    assert cfg["length_bias"].tasks_per_step == cfg["length_twin"].tasks_per_step == f.length_tasks_per_step
+    assert cfg["length_bias"].max_turns == cfg["length_twin"].max_turns == lc.turns
+    assert steps["length_bias"] == steps["length_twin"] == lc.steps
+    assert cfg["length_bias"].kl_coef == cfg["length_twin"].kl_coef == lc.kl_coef
+    assert cfg["length_bias"].tasks_per_step == cfg["length_twin"].tasks_per_step == lc.tasks_per_step
     # the pair differs in the loss aggregation only
     assert replace(cfg["length_bias"], loss_mode="token_mean") == cfg["length_twin"]
     for n in ("mask_shift", "stale_old_logp", "entropy_sign", "accum_local", "sampler_temp"):
         assert specs[n].bug == n and cfg[n] == RL and steps[n] == f.steps
-    assert C.run_steps(specs["public"], f, {"public": 3}) == 3
+    assert cat.run_steps(specs["public"], params, {"public": 3}) == 3
     with pytest.raises(ValueError, match="unknown value 'nope'"):
-        C.build_catalogue(None, None, [], [], RL, f, 0, names=["nope"])
+        cat.build_catalogue(None, None, [], [], RL, params, 0, names=["nope"])
     with pytest.raises(ValueError, match="length_start"):
-        C.build_catalogue(None, None, [], [], RL, f, 0, names=["length_twin"])
+        cat.build_catalogue(None, None, [], [], RL, params, 0, names=["length_twin"])
 
 
 def test_length_start_is_the_base_recipe_with_the_length_knobs():
     from agentrl.config import BaseConfig, ConfigError
     knobs = {"read": 0.8, "test": 0.7, "give_up": 0.2, "hardcode": 0.1, "persist": 0.5}
-    b, f = BaseConfig(), FaultsConfig(**{f"length_p_{k}": v for k, v in knobs.items()})
-    start = C.length_start_config(b, f)
+    b, lc = BaseConfig(), LengthConfig(**{f"p_{k}": v for k, v in knobs.items()})
+    start = ln.length_start_config(b, lc)
     assert {k: getattr(start, f"p_{k}") for k in knobs} == knobs
     assert replace(start, **{f"p_{k}": getattr(b, f"p_{k}") for k in knobs}) == b   # nothing else changes
     # the defaults: every failure is a tested wrong repair (no give-ups, untested or hardcoded repairs)
-    default = C.length_start_config(b, FaultsConfig())
+    default = ln.length_start_config(b, LengthConfig())
     assert (default.p_test, default.p_give_up, default.p_hardcode) == (1.0, 0.0, 0.0) and default.p_persist > 0
-    for field, bad in (("length_p_persist", 1.5), ("length_p_read", -0.1), ("length_p_test", 1.1),
-                       ("length_p_give_up", -0.5), ("length_p_hardcode", 2.0), ("length_kl_coef", -1.0),
-                       ("length_tasks_per_step", 0)):
-        with pytest.raises(ConfigError, match=f"FaultsConfig.{field}"):
-            FaultsConfig(**{field: bad})
+    for field, bad in (("p_persist", 1.5), ("p_read", -0.1), ("p_test", 1.1), ("p_give_up", -0.5),
+                       ("p_hardcode", 2.0), ("kl_coef", -1.0), ("tasks_per_step", 0), ("seeds", [-1])):
+        with pytest.raises(ConfigError, match=f"LengthConfig.{field}"):
+            LengthConfig(**{field: bad})
 
 
 # ---------------------------------------------------------------- the check logic on synthetic histories
@@ -118,63 +123,64 @@ def _run(rows, kl_coef=0.0, state=None):
 
 def test_stale_check_demands_exact_ones():
     H = _run([_row(0, ratio_max=1.3, ratio_min=0.8, clip_frac=0.05)])
-    ok = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1)])})["stale_old_logp"]
+    ok = sig.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1)])})["stale_old_logp"]
     assert ok["holds"] and ok["required_holds"]
-    off = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1, ratio_max=1.0 + 2 ** -23)])})
+    off = sig.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0), _row(1, ratio_max=1.0 + 2 ** -23)])})
     assert not off["stale_old_logp"]["holds"]
-    clipped = C.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0, clip_frac=1e-9)])})
+    clipped = sig.signature_checks({"healthy": H, "stale_old_logp": _run([_row(0, clip_frac=1e-9)])})
     assert not clipped["stale_old_logp"]["checks"][0]["holds"]
 
 
 def test_length_check_needs_growth_beyond_the_twin():
     grow = [_row(i, length_fail=7.0 + i) for i in range(16)]
     flat = [_row(i, length_fail=7.0) for i in range(16)]
-    res = C.signature_checks({"length_bias": _run(grow), "length_twin": _run(flat)})["length_bias"]
+    res = sig.signature_checks({"length_bias": _run(grow), "length_twin": _run(flat)})["length_bias"]
     c = res["checks"][0]
     assert c["holds"] and c["faulty"] == pytest.approx(12.0) and c["healthy"] == 0.0
-    both = C.signature_checks({"length_bias": _run(grow), "length_twin": _run([_row(i, length_fail=7.0 + i / 2)
+    both = sig.signature_checks({"length_bias": _run(grow), "length_twin": _run([_row(i, length_fail=7.0 + i / 2)
                                                                                for i in range(16)])})
     assert not both["length_bias"]["checks"][0]["holds"]   # the twin grows too: not the signature
     assert both["length_bias"]["required_holds"] is False
     # "does not grow" is read at one tool call (3 policy tokens): +2.75 is flat, +3.0 is growth
     for twin_end, holds in ((9.75, True), (10.0, False)):
         twin = [_row(i, length_fail=7.0 if i < 12 else twin_end) for i in range(16)]
-        res = C.signature_checks({"length_bias": _run(grow), "length_twin": _run(twin)})["length_bias"]
+        res = sig.signature_checks({"length_bias": _run(grow), "length_twin": _run(twin)})["length_bias"]
         assert res["checks"][0]["holds"] is holds
     small = [_row(i, length_fail=7.0 + i / 8) for i in range(16)]   # faulty +1.5 tokens: less than one call
-    res = C.signature_checks({"length_bias": _run(small), "length_twin": _run(flat)})["length_bias"]
+    res = sig.signature_checks({"length_bias": _run(small), "length_twin": _run(flat)})["length_bias"]
     assert not res["checks"][0]["holds"]
 
 
 # ---------------------------------------------------------------- the length pair across seeds
 
-def test_length_seed_sweep_measures_exactly_what_the_catalogue_checks(length_start, tok):
-    """The sweep at seed s equals the catalogue's own length_bias check run at seed s (held-out evaluation in
+def test_length_pair_row_measures_exactly_what_the_catalogue_checks(length_start, tok):
+    """The study's row at seed s equals the catalogue's own length_bias check run at seed s (held-out evaluation in
     the catalogue never touches training), and its note counts the seeds it shows."""
-    from agentrl.tasks import make_tasks
+    from agentrl.env.tasks import make_tasks
     train, heldout = make_tasks("train"), make_tasks("heldout")
-    fcfg = replace(FCFG, length_steps=3)
-    rows = C.length_seed_sweep(length_start, tok, train, RL, fcfg, [1], log=None)
-    runs = C.build_catalogue(None, tok, train, heldout, replace(RL, seed=1), fcfg, eval_seed=5,
-                             names=["length_bias", "length_twin"], log=None, length_start=length_start)
-    check = C.signature_checks(runs)["length_bias"]["checks"][0]
-    (row,) = rows
+    params = {"faults": FCFG, "length": replace(LCFG, steps=3)}
+    row = ln.length_pair_row(length_start, tok, train, RL, params, 1)
+    runs = cat.build_catalogue(None, tok, train, heldout, replace(RL, seed=1), params, eval_seed=5,
+                               names=["length_bias", "length_twin"], log=None, length_start=length_start)
+    check = sig.signature_checks(runs)["length_bias"]["checks"][0]
     assert row["seed"] == 1 and row["steps"] == 3
     assert row["faulty_fail_change"] == check["faulty"] and row["twin_fail_change"] == check["healthy"]
     assert row["holds"] == check["holds"]
     main = {"checks": [{"faulty": 20.0, "healthy": 1.0}]}   # holds by construction
-    s = C.length_sweep_summary(rows, main)
+    s = ln.length_sweep_summary([row], main)
     assert s["seeds"] == 2 and s["holds"] == 1 + int(row["holds"])
-    note = C.length_sweep_note(rows, 0, main)
+    note = ln.length_sweep_note([row], 0, main)
     assert "| 1 |" in note and f"holds at {s['holds']}/2" in note
-    assert C.length_sweep_note([], 0, main) == ""
+    assert ln.length_sweep_note([], 0, main) == ""
+    study = ln.length_study([row], main, 0)
+    assert study["summary"] == s and study["across_seeds"]["seeds"] == 2
 
 
 def test_length_sweep_summary_counts():
     rows = [{"faulty_fail_change": 20.0, "twin_fail_change": 2.0},    # the signature
             {"faulty_fail_change": 20.0, "twin_fail_change": 15.0},   # faulty above twin, but the twin grows
             {"faulty_fail_change": 2.0, "twin_fail_change": -1.0}]    # faulty grows less than one call
-    s = C.length_sweep_summary(rows)
+    s = ln.length_sweep_summary(rows)
     assert s == {"seeds": 3, "faulty_grows": 2, "faulty_above_twin": 3, "twin_flat": 2, "holds": 1}
 
 
@@ -182,43 +188,36 @@ def test_length_across_seeds_reads_the_paired_difference():
     rows = [{"faulty_fail_change": f, "twin_fail_change": t}
             for f, t in ((12.0, 1.0), (14.0, -2.0), (10.0, 4.0), (13.0, 0.5), (11.0, 2.0))]
     main = {"checks": [{"faulty": 15.0, "healthy": 3.5}]}
-    c = C.length_across_seeds(rows, main)
+    c = ln.length_across_seeds(rows, main)
     assert c["kind"] == "reference" and c["seeds"] == 6 and c["faulty_above_twin"] == 6
     assert c["faulty"] == pytest.approx(12.5) and c["healthy"] == pytest.approx(1.5)
-    assert c["diff"] == pytest.approx(11.0) and c["diff_lo"] > C.ONE_CALL_TOKENS and c["holds"]
+    assert c["diff"] == pytest.approx(11.0) and c["diff_lo"] > sig.ONE_CALL_TOKENS and c["holds"]
     assert c["faulty_lo"] <= 12.5 <= c["faulty_hi"] and c["healthy_median"] == pytest.approx(1.5)
     # the twin grows as much as the faulty run: no effect beyond the control
     same = [{"faulty_fail_change": f, "twin_fail_change": f + d} for f, d in ((12.0, 1.0), (8.0, -1.0), (10.0, 0.5))]
-    assert not C.length_across_seeds(same)["holds"]
+    assert not ln.length_across_seeds(same)["holds"]
     # an effect smaller than one call does not count
     small = [{"faulty_fail_change": 2.0 + d, "twin_fail_change": 0.0} for d in (0.0, 0.1, -0.1, 0.2)]
-    assert not C.length_across_seeds(small)["holds"]
-    assert not C.length_across_seeds(rows[:1])["holds"]   # one seed: nothing to resample
-    checks = {"length_bias": {"twin": "length_twin", "checks": [dict(main["checks"][0], holds=False,
-                                                                     kind="required", metric="length_fail change")],
-                              "holds": False, "required_holds": False}}
-    out = C.with_length_across_seeds(checks, rows)
-    assert [c["metric"] for c in out["length_bias"]["checks"]][-1] == "length_fail change across seeds"
-    assert out["length_bias"]["required_holds"] is False and len(checks["length_bias"]["checks"]) == 1
-    assert C.with_length_across_seeds(checks, []) is checks
+    assert not ln.length_across_seeds(small)["holds"]
+    assert not ln.length_across_seeds(rows[:1])["holds"]   # one seed: nothing to resample
 
 
 def test_identity_check_detects_any_difference():
     a = _run([_row(0), _row(1)], state={"w": torch.tensor([1.0, 2.0])})
     same = copy.deepcopy(a)
     same["history"] = [r | {"kl_ref": 0.0} for r in same["history"]]   # kl_ref is not a shared statistic
-    assert C.identical_runs(same, a) == {"histories": True, "parameters": True, "first_difference": None,
+    assert sig.identical_runs(same, a) == {"histories": True, "parameters": True, "first_difference": None,
                                          "compared": 2 * (len(_row(0)))}
     other = copy.deepcopy(a)
     other["state"]["w"][1] = torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))  # one float32 ulp
-    assert C.identical_runs(other, a)["parameters"] is False
+    assert sig.identical_runs(other, a)["parameters"] is False
     drift = copy.deepcopy(a)
     drift["history"][1]["grad_norm"] += 1e-12
-    assert C.identical_runs(drift, a)["first_difference"].startswith("step 1: grad_norm")
-    res = C.signature_checks({"healthy": a, "ref_is_policy": _run([r | {"kl_ref": 0.0} for r in a["history"]],
+    assert sig.identical_runs(drift, a)["first_difference"].startswith("step 1: grad_norm")
+    res = sig.signature_checks({"healthy": a, "ref_is_policy": _run([r | {"kl_ref": 0.0} for r in a["history"]],
                                                                    state={"w": torch.tensor([1.0, 2.0])})})
     assert res["ref_is_policy"]["holds"]
-    with_kl = C.signature_checks({"healthy": _run(a["history"], kl_coef=0.05, state=a["state"]),
+    with_kl = sig.signature_checks({"healthy": _run(a["history"], kl_coef=0.05, state=a["state"]),
                                   "ref_is_policy": same | {"state": a["state"]}})
     assert not with_kl["ref_is_policy"]["holds"]   # a healthy run with KL is not the no-KL run
 
@@ -273,7 +272,7 @@ def test_lr_high_kl_at_step_0(short_catalogue):
 def test_public_reward_is_hacked(short_catalogue):
     f = _h(short_catalogue, "public")
     assert f[-1]["hardcode"] >= 0.8
-    assert C.eval_at(f, len(f)) <= 0.1
+    assert hist.eval_at(f, len(f)) <= 0.1
     assert f[0]["hardcode"] < 0.5   # the base does not start out hacking
     assert short_catalogue["checks"]["public"]["required_holds"]
 
@@ -286,18 +285,18 @@ def test_entropy_sign_collapses_entropy(short_catalogue):
 
 def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
     f, t = _h(short_catalogue, "length_bias"), _h(short_catalogue, "length_twin")
-    k = C._window(len(f))
-    df = C.end_mean(f, "length_fail", k) - C.end_mean(f, "length_fail", k, start=True)
-    dt = C.end_mean(t, "length_fail", k) - C.end_mean(t, "length_fail", k, start=True)
-    assert df >= C.ONE_CALL_TOKENS and df > dt
+    k = hist._window(len(f))
+    df = hist.end_mean(f, "length_fail", k) - hist.end_mean(f, "length_fail", k, start=True)
+    dt = hist.end_mean(t, "length_fail", k) - hist.end_mean(t, "length_fail", k, start=True)
+    assert df >= sig.ONE_CALL_TOKENS and df > dt
     c = _check(short_catalogue, "length_bias", "length_fail change")
     assert c["faulty"] == pytest.approx(df) and c["healthy"] == pytest.approx(dt)
     # the twin's failed episodes stay within one call: this is the stage's own pair (seed 0, bit-identical at
     # 2 threads); over seeds 0-23 the twin's change spreads with a standard deviation of 4.5 tokens around
-    # +0.2 and the signature holds at 16 of 24 (README: length bias; the stage reads it over 12 seeds)
-    assert dt < C.ONE_CALL_TOKENS and c["holds"] and short_catalogue["checks"]["length_bias"]["required_holds"]
+    # +0.2 and the signature holds at 16 of 24 (docs/length_bias.md)
+    assert dt < sig.ONE_CALL_TOKENS and c["holds"] and short_catalogue["checks"]["length_bias"]["required_holds"]
     # the start fails long (the reference starts at ≈ 21 policy tokens) and passes short
-    assert C.end_mean(f, "length_fail", k, start=True) > C.end_mean(f, "length_pass", k, start=True) + 3
+    assert hist.end_mean(f, "length_fail", k, start=True) > hist.end_mean(f, "length_pass", k, start=True) + 3
     # the faulty run's failures grow by running out of turns more often, and the check reports that share
     assert c["faulty_turn_limit_end"] > c["faulty_turn_limit_start"] + 0.1
     assert all(0 <= r["fail_turn_limit"] <= 1 for r in f + t if r["fail_turn_limit"] == r["fail_turn_limit"])
@@ -307,14 +306,14 @@ def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
 def test_accum_local_has_no_dashboard_signature(short_catalogue):
     f, h = _h(short_catalogue, "accum_local"), _h(short_catalogue, "healthy")
     assert max(r["logp_gap_max"] for r in f) < 1e-4
-    ratio = C.end_mean(f, "grad_norm", len(f)) / C.end_mean(h, "grad_norm", len(h))
+    ratio = hist.end_mean(f, "grad_norm", len(f)) / hist.end_mean(h, "grad_norm", len(h))
     assert 0.5 <= ratio <= 2.0
     assert short_catalogue["checks"]["accum_local"]["holds"]
 
 
 def test_sign_flip_reward_falls(short_catalogue):
     f = _h(short_catalogue, "sign_flip")
-    assert C.end_mean(f, "reward", 1) < C.end_mean(f, "reward", 1, start=True)
+    assert hist.end_mean(f, "reward", 1) < hist.end_mean(f, "reward", 1, start=True)
     assert _check(short_catalogue, "sign_flip", "reward")["holds"]
 
 
@@ -322,47 +321,42 @@ def test_common_random_numbers_for_evaluation(short_catalogue):
     """Every run is evaluated at step 0 on the same stream: the same start gives the same number everywhere
     (the RL base for all runs but the length pair, which shares its own start)."""
     starts = {n: r["history"][0]["eval_pass_start"] for n, r in short_catalogue["runs"].items()}
-    base = {v for n, v in starts.items() if n not in C.LENGTH_PAIR}
-    pair = {v for n, v in starts.items() if n in C.LENGTH_PAIR}
+    base = {v for n, v in starts.items() if n not in cat.LENGTH_PAIR}
+    pair = {v for n, v in starts.items() if n in cat.LENGTH_PAIR}
     assert len(base) == 1 and len(pair) == 1, starts
 
 
 # ---------------------------------------------------------------- the outputs
 
 def test_outputs_render(short_catalogue, tmp_path):
-    from agentrl.figures import fault_panel
-    from agentrl.pipeline import read_json, write_json
+    from agentrl.report.figures import fault_panel
+    from agentrl.artifacts import read_json, write_json
     runs, checks = short_catalogue["runs"], short_catalogue["checks"]
-    assert set(checks) == set(C.FAILURES)
+    assert set(checks) == set(cat.FAILURES)
     figures = {}
-    for spec in C.figure_specs(runs):
+    for spec in md.figure_specs(runs):
         name = spec.pop("name")
         assert len(spec["healthy"]) <= len(spec["faulty"])
         fault_panel(tmp_path / "figures/faults" / f"{name}.png", name, **spec)
         figures[name] = f"figures/faults/{name}.png"
-    assert set(figures) == set(C.FAILURES)
+    assert set(figures) == set(cat.FAILURES)
     for rel in figures.values():
         assert (tmp_path / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    md = C.render_markdown(runs, checks, FCFG, {"fingerprint": "f", "mlflow_run_id": "r", "threads": 2},
-                           short_catalogue["heldout"], figures)
+    text = md.render_markdown(runs, checks, FCFG, 2, short_catalogue["heldout"], figures)
     assert "| failure | exposing metric | faulty value | healthy value | held-out at end faulty vs healthy | " \
-           "signature holds? |" in md
-    for name in C.FAILURES:
-        assert f"## {name}" in md and f"](figures/faults/{name}.png)" in md
-    assert "Seed dependence" not in md   # no sweep given
-    sweep = {"seeds": 6, "faulty_grows": 6, "faulty_above_twin": 6, "twin_flat": 2, "holds": 2}
-    md = C.render_markdown(runs, checks, FCFG, {"fingerprint": "f", "mlflow_run_id": "r", "threads": 2},
-                           short_catalogue["heldout"], figures, {"length_bias": "NOTE-TEXT"}, sweep)
-    assert "the length_bias signature holds at 2/6 seeds" in md and "within one call at 2/6" in md
-    assert md.index("NOTE-TEXT") > md.index("## length_bias")
-    doc = C.report_json(runs, checks, FCFG, RL, {"fingerprint": "f"}, short_catalogue["heldout"], 12345, figures)
+           "signature holds? |" in text
+    for name in cat.FAILURES:
+        assert f"## {name}" in text and f"](figures/faults/{name}.png)" in text
+    text = md.render_markdown(runs, checks, FCFG, 2, short_catalogue["heldout"], figures, {"length_bias": "NOTE-TEXT"})
+    assert text.index("NOTE-TEXT") > text.index("## length_bias")
+    doc = md.report_json(runs, checks, PARAMS, RL, short_catalogue["heldout"], 12345, figures)
     write_json(tmp_path / "faults.json", doc)
     back = read_json(tmp_path / "faults.json")
     assert back["runs"]["healthy"]["history"][0]["step"] == 0
     assert back["signatures"]["public"]["checks"][0]["metric"] == "hardcode"
-    assert set(back["holds"]) == set(C.FAILURES)
+    assert set(back["holds"]) == set(cat.FAILURES)
     json.dumps(doc, allow_nan=True)  # plain data only (no tensors)
-    rows, summary = C.mlflow_metrics(runs, checks)
+    rows, summary = md.mlflow_metrics(runs, checks)
     assert rows[0]["step"] == 0 and "healthy.reward" in rows[0]
     assert "public.hardcode" in rows[SHORT["public"] - 1] and "length_bias.length_fail" in rows[-1]
     assert summary["signature.public"] == 1.0 and all(math.isfinite(v) for v in summary.values())

@@ -10,10 +10,12 @@ from collections import Counter
 import pytest
 import torch
 
-from agentrl.gym import (END_CALL, ERROR_OBS, NAME_POOL, OPS, REPAIR_OPS, CodeEnv, ExpertCaller, RandomCaller,
-                         apply_op, call_tokens, code_tokens, constants, environment_check, keyword_rule,
-                         make_env_factory, operand_names, play, run_tests, source_observation)
-from agentrl.tasks import FAMILIES, make_tasks, task_by_name
+from agentrl.config import FAMILIES
+from agentrl.env.callers import ExpertCaller, RandomCaller, call_tokens, environment_check, play
+from agentrl.env.gym import (END_CALL, ERROR_OBS, NAME_POOL, CodeEnv, code_tokens, constants, make_env_factory,
+                             operand_names, run_tests, source_observation)
+from agentrl.env.ops import OPS, REPAIR_OPS, apply_op, keyword_rule
+from agentrl.env.tasks import make_tasks, task_by_name
 
 ALL = make_tasks("all")
 TRAIN = make_tasks("train")

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.config import KL_KINDS, LOSS_MODES
-from agentrl.objectives import (aggregate_loss, approx_kl, clipped_surrogate, compute_advantages, entropy_bonus,
+from agentrl.rl.objectives import (aggregate_loss, approx_kl, clipped_surrogate, compute_advantages, entropy_bonus,
                                 entropy_from_logits, kl_penalty, masked_mean, policy_loss, selected_log_probs)
-from agentrl.trainer import RLConfig
+from agentrl.config import RLConfig
 
 TOL = 1e-6
 

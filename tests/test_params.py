@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import KL_KINDS, LOSS_MODES, REWARDS
-from agentrl.params import SECTIONS, ParamsError, load_params, load_section, read_params_file
+from agentrl.config import (KL_KINDS, LOSS_MODES, REWARDS, SECTIONS, ParamsError, RLConfig, defaults, load_params,
+                            load_section, read_params_file)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,6 @@ def test_committed_params_validate(committed):
 
 
 def test_rl_section_maps_onto_rlconfig(committed):
-    from agentrl.trainer import RLConfig
     rl = load_section("rl", committed)
     assert isinstance(rl, RLConfig)
     assert rl.group_size == committed["rl"]["group_size"]
@@ -193,15 +192,29 @@ def test_tasks_stage_writes_deterministic_bytes(repo_copy):
     split = json.loads(first["split.json"])
     assert (len(split["train"]), len(split["validation"]), len(split["test"])) == (20, 5, 5)
     assert len(json.loads(first["tasks.json"])["tasks"]) == 30
-    from agentrl.tasks import make_tasks
-    from agentrl.tokenizer import build_tokenizer
+    from agentrl.env.tasks import make_tasks
+    from agentrl.env.tokenizer import build_tokenizer
     tok = build_tokenizer(make_tasks("all"))
     vocab = json.loads(first["tokenizer.json"])
     assert vocab["vocab"] == tok.vocab and vocab["hash"] == tok.hash
-    from agentrl.tokenizer import Tokenizer
+    from agentrl.env.tokenizer import Tokenizer
     assert Tokenizer.from_json(first["tokenizer.json"].decode()).hash == vocab["hash"]
     proc = _run_tasks_stage(root, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for n in names:
         assert (out / n).read_bytes() == first[n], f"{n} changed between two identical runs"
     assert not list(out.glob("*.tmp"))
+
+
+def test_committed_params_are_the_library_defaults(committed):
+    """params.yaml pins every knob at its declared default, and names every key (the schema is the one source)."""
+    for name in SECTIONS:
+        assert committed[name] == defaults(name), name
+
+
+def test_a_missing_section_is_an_error(tmp_path, monkeypatch, committed):
+    monkeypatch.chdir(tmp_path)
+    raw = {k: v for k, v in committed.items() if k != "rl"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ParamsError, match="params.yaml: rl: missing section"):
+        load_params(["rl"])

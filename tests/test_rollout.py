@@ -7,11 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from agentrl.gym import END_CALL
-from agentrl.objectives import selected_log_probs
-from agentrl.policy import CheckpointError, ModelConfig, TinyAgent, load_policy, read_checkpoint, save_policy
-from agentrl.rollout import OWNER, Trajectory, collate, pad_rows, sample_groups, sample_step
-from agentrl.trainer import RLConfig, env_factory_for, forward_logp
+from agentrl.env.gym import END_CALL
+from agentrl.rl.objectives import selected_log_probs
+from agentrl.model.checkpoints import CheckpointError, load_policy, read_checkpoint, save_policy
+from agentrl.model.policy import ModelConfig, TinyAgent
+from agentrl.rl.rollout import OWNER, Trajectory, collate, pad_rows, sample_groups, sample_step
+from agentrl.config import RLConfig
+from agentrl.rl.trainer import env_factory_for, forward_logp
 
 CFG = RLConfig()
 POLICY = OWNER["policy"]
@@ -320,7 +322,7 @@ def test_checkpoint_from_another_model_config(tmp_path, make_model, tok):
     assert "model config" in msg and "d_model" in msg and "\n" not in msg
     # through the params section of the model (what stages use)
     from agentrl.config import ModelParams
-    from agentrl.policy import load_for
+    from agentrl.model.checkpoints import load_for
     with pytest.raises(CheckpointError, match="model config"):
         load_for(path, tok, ModelParams())
 

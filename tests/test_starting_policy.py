@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from agentrl.config import BaseConfig, SFTConfig
-from agentrl.evaluation import describe
-from agentrl.starting_policy import MixtureCaller, oracle_demos, train_sft
-from agentrl.tasks import make_tasks
-from agentrl.trainer import RLConfig
+from agentrl.eval.evaluation import describe
+from agentrl.rl.starting import MixtureCaller, oracle_demos, train_sft
+from agentrl.env.tasks import make_tasks
+from agentrl.config import RLConfig
 
 
 def test_sft_cold_start_beats_the_base(rl_base, tok):

@@ -4,11 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl import gym
-from agentrl.gym import (EDITED_OBS, ERROR_OBS, NAME_POOL, OPS, TOOLS, CodeEnv, ExpertCaller, RandomCaller,
-                         call_tokens, make_env_factory, run_scripted, run_tests, source_observation)
-from agentrl.tasks import make_tasks
-from agentrl.tokenizer import SPECIALS, Tokenizer, build_tokenizer
+from agentrl.env import gym
+from agentrl.env.callers import ExpertCaller, RandomCaller, call_tokens, run_scripted
+from agentrl.env.gym import (EDITED_OBS, ERROR_OBS, NAME_POOL, TOOLS, CodeEnv, make_env_factory, run_tests,
+                             source_observation)
+from agentrl.env.ops import OPS
+from agentrl.env.tasks import make_tasks
+from agentrl.env.tokenizer import SPECIALS, Tokenizer, build_tokenizer
 
 
 def _no_unk(tok, tokens, what):
@@ -27,7 +29,7 @@ def test_covers_sources_under_every_op_with_every_name(tok, all_tasks):
 
 
 def test_covers_sources_with_filler_operands(tok, all_tasks):
-    from agentrl.starting_policy import filler_operands
+    from agentrl.rl.starting import filler_operands
     gen = torch.Generator().manual_seed(0)
     for task in all_tasks:
         for name in NAME_POOL[:4]:

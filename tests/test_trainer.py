@@ -4,10 +4,11 @@ import copy
 import pytest
 import torch
 
-from agentrl.config import ConfigError
-from agentrl.evaluation import action_entropy, behavior_stats, evaluate, group_gradient_share
-from agentrl.tasks import make_tasks
-from agentrl.trainer import RLConfig, train_rl
+from agentrl.config import ConfigError, RLConfig
+from agentrl.env.tasks import make_tasks
+from agentrl.eval.evaluation import action_entropy, evaluate, group_gradient_share
+from agentrl.rl.dashboard import behavior_stats
+from agentrl.rl.trainer import Hook, train
 
 HELDOUT_SEED = 1234
 
@@ -46,10 +47,11 @@ def healthy_run(rl_base, tok):
     """Default config, seed 0, 60 steps; held-out measured after 24 and 60 steps."""
     model, cfg, held = copy.deepcopy(rl_base), RLConfig(), {}
 
-    def hook(step, model, optimizer, generator, history):
-        if step in (24, 60):
-            held[step] = heldout_pass(model, tok, cfg)
-    history = train_rl(model, make_tasks("train"), tok, cfg, 60, hook=hook)
+    class HeldOut(Hook):
+        def after_step(self, updates, state):
+            if updates in (24, 60):
+                held[updates] = heldout_pass(state.model, tok, cfg)
+    history = train(model, make_tasks("train"), tok, cfg, 60, hooks=[HeldOut()])
     return history, held
 
 
@@ -77,7 +79,7 @@ def test_sampler_matches_trainer_over_a_run(healthy_run):
 
 def test_public_reward_control_hacks(rl_base, tok):
     model, cfg = copy.deepcopy(rl_base), RLConfig(reward="public")
-    history = train_rl(model, make_tasks("train"), tok, cfg, 24)
+    history = train(model, make_tasks("train"), tok, cfg, 24)
     held = heldout_pass(model, tok, RLConfig())
     print(f"public reward: training reward {mean(history[-4:], 'reward'):.3f}, hardcode at the last step "
           f"{history[-1]['hardcode']:.2f}, held-out hidden pass {held:.3f}")
@@ -89,7 +91,7 @@ def test_public_reward_control_hacks(rl_base, tok):
 def test_same_seed_same_run_other_seed_differs(rl_base, tok):
     def run(seed):
         model = copy.deepcopy(rl_base)
-        return model, train_rl(model, make_tasks("train"), tok, RLConfig(seed=seed), 6)
+        return model, train(model, make_tasks("train"), tok, RLConfig(seed=seed), 6)
     (m1, h1), (m2, h2), (m3, h3) = run(0), run(0), run(1)
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert h1 == h2
@@ -109,6 +111,8 @@ def test_rlconfig_rejects_bad_values(field, value, fragment):
     assert fragment in msg and f"RLConfig.{field}" in msg and "\n" not in msg
 
 
-def test_train_rl_rejects_bad_steps(quick_base, tok):
+def test_train_rejects_bad_steps_and_empty_tasks(quick_base, tok):
     with pytest.raises(ConfigError, match="steps"):
-        train_rl(quick_base, make_tasks("train"), tok, RLConfig(), 0)
+        train(quick_base, make_tasks("train"), tok, RLConfig(), 0)
+    with pytest.raises(ConfigError, match="tasks"):
+        train(quick_base, [], tok, RLConfig(), 1)

@@ -1,0 +1,1 @@
+"""The gym: tasks, repair ops, tool-calling episodes, scripted callers, the tokenizer."""

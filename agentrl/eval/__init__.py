@@ -1,0 +1,1 @@
+"""Evaluation: sampling with own generators, behaviour analysis, statistics."""

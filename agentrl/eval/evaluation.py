@@ -1,0 +1,95 @@
+"""Evaluation: sampling with its own generator (never the training stream), per-task counts, the starting-policy
+description, and the held-out evaluation hook of catalogue runs. The statistics (pass@k, task bootstrap, paired
+differences, power) live in agentrl.eval.stats."""
+from __future__ import annotations
+
+import torch
+
+from agentrl.env.gym import make_env_factory
+from agentrl.eval.stats import mean_pass_at_k
+from agentrl.rl.dashboard import behavior_stats
+from agentrl.rl.objectives import entropy_from_logits, masked_mean
+from agentrl.rl.rollout import Trajectory, collate, sample_episodes
+from agentrl.rl.trainer import Hook, TrainState
+from agentrl.seeding import generator as stream_generator
+
+
+def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, generator: torch.Generator, cfg,
+             env_factory=None, batch_episodes: int = 256) -> dict:
+    """Sample n_per_task episodes per task with the given generator (never the training stream).
+    Returns {"pass_rate", "per_task": {name: {"n", "c"}}, "trajs"} where c counts hidden-test successes.
+    The reward is always the hidden tests' (cfg.reward only shapes training)."""
+    if n_per_task < 1:
+        raise ValueError(f"n_per_task: expected an integer >= 1, got {n_per_task!r}")
+    env_factory = env_factory or make_env_factory(cfg.max_turns, "hidden", cfg.rename)
+    envs = [env_factory(task, generator) for task in tasks for _ in range(n_per_task)]
+    trajs: list[Trajectory] = []
+    for i in range(0, len(envs), batch_episodes):
+        trajs += sample_episodes(model, envs[i:i + batch_episodes], tok, generator, temperature, cfg.max_call_tokens)
+    per_task = {t.name: {"n": 0, "c": 0} for t in tasks}
+    for tr in trajs:
+        per_task[tr.info["task"]]["n"] += 1
+        per_task[tr.info["task"]]["c"] += int(tr.reward > 0)
+    return {"pass_rate": sum(tr.reward for tr in trajs) / len(trajs), "per_task": per_task, "trajs": trajs}
+
+
+def sample_counts(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg,
+                  temperature: float = 1.0) -> dict:
+    """Per-task (n, c): episodes and hidden-test successes, from the given generator."""
+    res = evaluate(model, tasks, tok, n_per_task, temperature, generator, cfg)
+    return {name: (v["n"], v["c"]) for name, v in res["per_task"].items()}
+
+
+@torch.no_grad()
+def action_entropy(model, trajs: list[Trajectory], tok) -> float:
+    """Mean entropy (nats) of the policy's next-token distribution at policy tokens."""
+    batch = collate(trajs, tok.pad_id)
+    logits = model(batch["ids"])[:, :-1]
+    return float(masked_mean(entropy_from_logits(logits), batch["action_mask"]))
+
+
+def group_gradient_share(trajs: list[Trajectory], group_size: int) -> float:
+    """Share of consecutive groups of `group_size` episodes whose rewards are not all equal."""
+    groups = [trajs[i:i + group_size] for i in range(0, len(trajs), group_size)]
+    return sum(len({t.reward for t in g}) > 1 for g in groups) / max(len(groups), 1)
+
+
+DESCRIBE_GROUP_SIZE = 8
+
+
+def describe(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg,
+             group_size: int = DESCRIBE_GROUP_SIZE) -> dict:
+    """A starting policy in numbers: pass@1 and pass@8 (unbiased, per task then averaged), the share of
+    groups of `group_size` with a gradient (rewards not all equal), action-token entropy, reads per episode."""
+    res = evaluate(model, tasks, tok, n_per_task, 1.0, generator, cfg)
+    counts = [(v["n"], v["c"]) for v in res["per_task"].values()]
+    trajs = res["trajs"]
+    beh = behavior_stats(trajs)
+    return {"pass_at_1": mean_pass_at_k(counts, 1), "pass_at_8": mean_pass_at_k(counts, min(8, n_per_task)),
+            "groups_with_gradient": group_gradient_share(trajs, group_size),
+            "entropy": action_entropy(model, trajs, tok), "reads": beh["reads"], "malformed": beh["malformed"],
+            "hardcode": beh["hardcode"], "episodes": len(trajs), "per_task": res["per_task"]}
+
+
+class HeldOutEval(Hook):
+    """Trainer hook: held-out pass rate before training (row 0's eval_pass_start), every `every` updates and after
+    the last step (that row's eval_pass). Each evaluation draws from its own stream, (seed, step), so every run
+    evaluated with the same seed sees the same episodes at the same step (common random numbers)."""
+
+    def __init__(self, tasks: list, tok, cfg, steps: int, every: int, per_task: int, seed: int):
+        self.tasks, self.tok, self.cfg, self.steps = tasks, tok, cfg, steps
+        self.every, self.per_task, self.seed = every, per_task, seed
+        self.start = None
+
+    def _pass_rate(self, model, updates: int) -> float:
+        g = stream_generator(self.seed * 1_000 + updates)
+        return evaluate(model, self.tasks, self.tok, self.per_task, self.cfg.temperature, g, self.cfg)["pass_rate"]
+
+    def on_start(self, state: TrainState) -> None:
+        self.start = self._pass_rate(state.model, 0)
+
+    def on_row(self, step: int, state: TrainState, row: dict) -> None:
+        if self.start is not None and step == state.start_step:
+            row["eval_pass_start"] = self.start
+        if (step + 1) % self.every == 0 or step + 1 == self.steps:
+            row["eval_pass"] = self._pass_rate(state.model, step + 1)

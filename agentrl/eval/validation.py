@@ -1,0 +1,105 @@
+"""The main run's checkpoint hook and its resumption.
+
+`CheckpointHook` (a trainer hook) evaluates the policy on the validation tasks at step 0, every `every` updates and
+after the last one, always from the same validation stream (so checkpoints differ only because the policies do),
+and saves a checkpoint holding everything needed to continue bit-identically: weights, optimizer and generator
+state, the dashboard history and the validation results so far. `resume_point` finds the newest readable
+checkpoint of the same configuration; checkpoints of another configuration are cleared only by `clear_checkpoints`,
+which the stage calls after its inputs and params have been validated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from agentrl.artifacts import CHECKPOINT_DIR, DATA, checkpoint_path
+from agentrl.eval.evaluation import evaluate
+from agentrl.model.checkpoints import CheckpointError, read_checkpoint, save_policy
+from agentrl.rl.trainer import Hook, TrainState
+from agentrl.seeding import generator as stream_generator
+
+RESUME_FILE = DATA / "resume" / "train.json"   # outside the stage's outputs: the key of the saved checkpoints
+
+
+class CheckpointHook(Hook):
+    def __init__(self, tok, tasks: list, cfg, steps: int, every: int, per_task: int, seed: int,
+                 validation: list | None = None, log_metric=None):
+        self.tok, self.tasks, self.cfg, self.steps, self.every, self.per_task, self.seed = \
+            tok, tasks, cfg, steps, every, per_task, seed
+        self.validation = validation if validation is not None else []
+        self.log_metric = log_metric
+
+    def _checkpoint(self, updates: int, state: TrainState) -> None:
+        if updates % self.every and updates != self.steps:
+            return
+        res = evaluate(state.model, self.tasks, self.tok, self.per_task, self.cfg.temperature,
+                       stream_generator(self.seed, "validation"), self.cfg)
+        self.validation.append({"step": updates, "pass_rate": res["pass_rate"], "per_task": res["per_task"]})
+        if self.log_metric is not None:
+            self.log_metric({"validation_pass": res["pass_rate"]}, updates)
+        save_policy(checkpoint_path(updates), state.model, self.tok.hash, extra={
+            "step": updates, "optimizer": state.optimizer.state_dict(), "generator": state.generator.get_state(),
+            "history": state.history, "validation": self.validation})
+
+    def on_start(self, state: TrainState) -> None:
+        self._checkpoint(0, state)
+
+    def after_step(self, updates: int, state: TrainState) -> None:
+        self._checkpoint(updates, state)
+
+
+def read_resume(key: str) -> dict:
+    """The resume record if it belongs to configuration `key` ({'seconds': wall time so far, 'runs': MLflow runs})."""
+    try:
+        rec = json.loads(RESUME_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) and rec.get("key") == key else {}
+
+
+def write_resume(key: str, seconds: float, runs: list[str]) -> None:
+    RESUME_FILE.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESUME_FILE.with_name(RESUME_FILE.name + ".tmp")
+    tmp.write_text(json.dumps({"key": key, "seconds": seconds, "runs": runs}, indent=1) + "\n")
+    os.replace(tmp, RESUME_FILE)
+
+
+def resume_point(key: str) -> dict | None:
+    """The newest readable checkpoint written under configuration `key` (None if there is none). A checkpoint cut
+    off mid-write is skipped and the one before it used."""
+    if not read_resume(key):
+        return None
+    for path in sorted(CHECKPOINT_DIR.glob("step_*.pt"), reverse=True):
+        try:
+            return read_checkpoint(path)
+        except CheckpointError:
+            continue
+    return None
+
+
+def clear_checkpoints() -> None:
+    CHECKPOINT_DIR.mkdir(parents=True, exist_ok=True)
+    for path in CHECKPOINT_DIR.glob("*"):
+        path.unlink()
+
+
+class ResumeClock(Hook):
+    """Keeps the resume record's wall time current after every step, so a kill loses no accounted time."""
+
+    def __init__(self, key: str, seconds: float, runs: list[str]):
+        self.key, self.seconds, self.runs, self.t0 = key, seconds, runs, time.time()
+
+    def elapsed(self) -> float:
+        return self.seconds + time.time() - self.t0
+
+    def on_start(self, state):
+        write_resume(self.key, self.elapsed(), self.runs)
+
+    def after_step(self, updates, state):
+        write_resume(self.key, self.elapsed(), self.runs)
+
+
+def checkpoint_files() -> list[Path]:
+    return sorted(CHECKPOINT_DIR.glob("step_*.pt"))

@@ -1,0 +1,1 @@
+"""The policy: TinyAgent and its checkpoints."""

@@ -1,0 +1,103 @@
+"""Numbers don't move: the numeric fields of every reports/*.json against a snapshot.
+
+`snapshot(reports_dir)` flattens every JSON report into {file: {dotted.path: value}} for numbers and booleans,
+leaving out provenance (commits, run ids, fingerprints) and wall times. `compare(snapshot, reports_dir, moved)`
+finds each snapshot number in today's reports -- at the same place, or where a rule of `moved` says it went
+({"from": "capstone.json:learned.", "to": "behaviour.json:"}, or {"from": ..., "removed": "why"}) -- and lists
+every number that differs or is missing. `python -m agentrl compare-reports` runs it on the committed reports.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SKIP_KEYS = {"provenance", "seconds", "wall_seconds", "total_seconds", "mlflow_run_id", "fingerprint", "runs_ids"}
+
+
+def _flat(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in SKIP_KEYS:
+                continue
+            yield from _flat(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _flat(v, f"{prefix}.{i}" if prefix else str(i))
+    elif isinstance(node, (bool, int, float)) or node is None:
+        yield prefix, node
+
+
+def numbers(path: Path) -> dict:
+    """{dotted.path: value} of one JSON file's numbers, booleans and nulls."""
+    return dict(_flat(json.loads(Path(path).read_text())))
+
+
+def snapshot(reports_dir: Path | str) -> dict:
+    reports_dir = Path(reports_dir)
+    return {p.name: numbers(p) for p in sorted(reports_dir.glob("*.json"))}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return a == b
+
+
+def _where(spec: str, moved: list[dict]):
+    """Where a snapshot number `file:path` lives now: (file, path), or ('removed', reason)."""
+    for rule in moved:
+        if spec.startswith(rule["from"]):
+            if "removed" in rule:
+                return "removed", rule["removed"]
+            file, _, prefix = rule["to"].partition(":")
+            return file, prefix + spec[len(rule["from"]):]
+    return tuple(spec.split(":", 1))
+
+
+def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict:
+    """-> {"equal", "moved_equal", "removed", "differ": [...], "missing": [...]}."""
+    reports_dir = Path(reports_dir)
+    now = {}
+    out = {"equal": 0, "moved_equal": 0, "removed": {}, "differ": [], "missing": []}
+    for file, values in snap.items():
+        for path, old in values.items():
+            spec = f"{file}:{path}"
+            where = _where(spec, moved)
+            if where[0] == "removed":
+                out["removed"][where[1]] = out["removed"].get(where[1], 0) + 1
+                continue
+            nfile, npath = where
+            if nfile not in now:
+                p = reports_dir / nfile
+                now[nfile] = numbers(p) if p.is_file() else {}
+            if npath not in now[nfile]:
+                out["missing"].append(spec)
+            elif not _same(old, now[nfile][npath]):
+                out["differ"].append((spec, old, now[nfile][npath]))
+            else:
+                out["equal" if (nfile, npath) == (file, path) else "moved_equal"] += 1
+    return out
+
+
+def main(snapshot_path: str, reports_dir: str, moved_path: str | None) -> int:
+    snap = json.loads(Path(snapshot_path).read_text())
+    moved = json.loads(Path(moved_path).read_text())["rules"] if moved_path and Path(moved_path).is_file() else []
+    res = compare(snap, reports_dir, moved)
+    total = sum(len(v) for v in snap.values())
+    print(f"compare-reports: {total} numbers in {snapshot_path}: {res['equal']} equal in place, "
+          f"{res['moved_equal']} moved and equal, {sum(res['removed'].values())} removed, "
+          f"{len(res['differ'])} differ, {len(res['missing'])} missing")
+    for reason, n in sorted(res["removed"].items()):
+        print(f"  removed ({n}): {reason}")
+    for spec, old, new in res["differ"][:20]:
+        print(f"  DIFFER {spec}: {old!r} -> {new!r}")
+    for spec in res["missing"][:20]:
+        print(f"  MISSING {spec}")
+    return 0 if not res["differ"] and not res["missing"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

@@ -1,0 +1,1 @@
+"""Training: rollouts, objectives, the one GRPO loop, starting policies, invariants, guards."""

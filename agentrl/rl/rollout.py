@@ -1,0 +1,167 @@
+"""Token-in/token-out rollout: batched KV-cache sampling of whole episodes, trajectories, collation.
+
+The ids the sampler produced are exactly the ids trained on; nothing is re-tokenized. Each trajectory keeps
+its token owners (prompt / policy / env), the action mask aligned to ids[1:] and the sampler's log-prob of
+every policy token, so the trainer can check itself against the sampler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.env.gym import END_CALL
+
+OWNER = {"prompt": 0, "policy": 1, "env": 2}
+
+
+@dataclass
+class Trajectory:
+    ids: list[int]
+    owner: list[int]            # per token, values of OWNER
+    sample_logp: list[float]    # aligned to ids[1:]: the sampler's log-prob of each policy token, 0 elsewhere
+    reward: float
+    info: dict
+    group: int = 0
+    action_mask: list[int] = field(init=False)  # aligned to ids[1:]: 1 where the target was sampled by the policy
+
+    def __post_init__(self):
+        self.action_mask = [int(o == OWNER["policy"]) for o in self.owner[1:]]
+        assert len(self.sample_logp) == len(self.ids) - 1 == len(self.action_mask)
+
+    @property
+    def n_policy_tokens(self) -> int:
+        return sum(self.action_mask)
+
+
+@torch.inference_mode()
+def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperature: float = 1.0,
+                    max_call_tokens: int = 5) -> list[Trajectory]:
+    """Play every env to the end with one batched, KV-cached sampler. Rows advance turn by turn together."""
+    B = len(envs)
+    ids = [tok.encode(env.reset()) for env in envs]
+    owner = [[OWNER["prompt"]] * len(r) for r in ids]
+    logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
+    end_call = tok.id(END_CALL)
+    cache = model.new_cache()
+    lengths = torch.zeros(B, dtype=torch.long)
+    last_logits = _prefill(model, cache, ids, lengths, tok.pad_id)
+    active = [True] * B
+    while any(active):
+        # 1. every active row generates one call, token by token
+        in_call = torch.tensor(active)
+        calls: list[list[int]] = [[] for _ in range(B)]
+        for _ in range(max_call_tokens):
+            rows = in_call.nonzero().squeeze(1)
+            if rows.numel() == 0:
+                break
+            scaled = last_logits[rows] / temperature
+            token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
+            token_logp = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+            step_ids = torch.full((B, 1), tok.pad_id, dtype=torch.long)
+            step_ids[rows, 0] = token
+            for r, t, lp in zip(rows.tolist(), token.tolist(), token_logp.tolist()):
+                calls[r].append(t)
+                ids[r].append(t)
+                owner[r].append(OWNER["policy"])
+                logp[r].append(lp)
+            logits = model.forward_cached(step_ids, lengths[:, None].clone(), in_call[:, None], cache)
+            lengths += in_call.long()
+            last_logits[rows] = logits[rows, 0]
+            in_call[rows] = token != end_call
+        # 2. the environment answers (or the episode ends on the policy's own last token)
+        obs_ids: list[list[int]] = [[] for _ in range(B)]
+        for r in range(B):
+            if not active[r]:
+                continue
+            obs = envs[r].step([tok.vocab[t] for t in calls[r]])
+            if obs is None:
+                active[r] = False
+            else:
+                obs_ids[r] = tok.encode(obs)
+                ids[r] += obs_ids[r]
+                owner[r] += [OWNER["env"]] * len(obs_ids[r])
+                logp[r] += [0.0] * len(obs_ids[r])
+        if any(active):
+            new_last = _prefill(model, cache, obs_ids, lengths, tok.pad_id)
+            for r in range(B):
+                if obs_ids[r]:
+                    last_logits[r] = new_last[r]
+    return [Trajectory(ids[r], owner[r], logp[r][1:], envs[r].reward, envs[r].info) for r in range(B)]
+
+
+def _prefill(model, cache, chunks: list[list[int]], lengths: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Feed one chunk of tokens per row (rows may be empty) -> logits after each row's last token [B, V]."""
+    B = len(chunks)
+    n = torch.tensor([len(c) for c in chunks])
+    L = max(int(n.max()), 1)
+    chunk = pad_rows(chunks, pad_id, L)
+    offs = torch.arange(L)[None]
+    valid = offs < n[:, None]
+    pos = (lengths[:, None] + offs).clamp(max=model.cfg.max_len - 1)
+    logits = model.forward_cached(chunk, pos, valid, cache)
+    lengths += n
+    return logits[torch.arange(B), (n - 1).clamp(min=0)].clone()
+
+
+def pad_rows(rows: list[list], pad_value, width: int | None = None, dtype=torch.long) -> torch.Tensor:
+    """Right-pad lists to one width -> [B, width]."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), pad_value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def collate(trajs: list[Trajectory], pad_id: int, width: int | None = None) -> dict:
+    """Right-padded batch (to `width` or the longest row): ids, attention_mask, owner [B, T]; action_mask,
+    sample_logp [B, T-1]; rewards, group [B] (group index of each row, rows of a group contiguous)."""
+    ids = pad_rows([t.ids for t in trajs], pad_id, width)
+    lengths = torch.tensor([len(t.ids) for t in trajs])
+    T = ids.shape[1]
+    return {
+        "ids": ids,
+        "attention_mask": (torch.arange(T)[None] < lengths[:, None]).long(),
+        "owner": pad_rows([t.owner for t in trajs], -1, T),
+        "action_mask": pad_rows([t.action_mask for t in trajs], 0, T - 1, dtype=torch.float32),
+        "sample_logp": pad_rows([t.sample_logp for t in trajs], 0.0, T - 1, dtype=torch.float32),
+        "rewards": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+        "group": torch.tensor([t.group for t in trajs]),
+    }
+
+
+def sample_groups(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
+                  temperature: float | None = None) -> list[Trajectory]:
+    """`cfg.group_size` episodes per task, grouped contiguously (group i = tasks[i])."""
+    envs = [env_factory(task, generator) for task in tasks for _ in range(cfg.group_size)]
+    trajs = sample_episodes(model, envs, tok, generator,
+                            cfg.temperature if temperature is None else temperature, cfg.max_call_tokens)
+    for i, t in enumerate(trajs):
+        t.group = i // cfg.group_size
+    return trajs
+
+
+def choose_tasks(tasks: list, n: int, generator: torch.Generator) -> list:
+    """n distinct tasks (with repeats only when n exceeds the pool)."""
+    order = []
+    while len(order) < n:
+        order += torch.randperm(len(tasks), generator=generator).tolist()
+    return [tasks[i] for i in order[:n]]
+
+
+def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
+                temperature: float | None = None) -> tuple[list[Trajectory], list[Trajectory]]:
+    """One step's batch: `tasks_per_step` tasks x `group_size` episodes. Returns (kept, sampled); `kept` is what
+    the update trains on: all groups, or (keep='informative') only groups whose rewards are not all equal."""
+    chosen = choose_tasks(tasks, cfg.tasks_per_step, generator)
+    sampled = sample_groups(model, env_factory, chosen, tok, cfg, generator, temperature)
+    if cfg.keep == "all":
+        return sampled, sampled
+    kept = []
+    for g in range(cfg.tasks_per_step):
+        rows = sampled[g * cfg.group_size:(g + 1) * cfg.group_size]
+        if len({t.reward for t in rows}) > 1:
+            kept += rows
+    return kept, sampled

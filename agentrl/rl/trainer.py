@@ -1,0 +1,334 @@
+"""The GRPO trainer: one loop, read top to bottom.
+
+    train(model, tasks, tok, cfg, steps)
+      for each step:
+        kept, sampled = sample_step(...)               sampling (the rollout generator is the root stream)
+        batch = prepare_batch(kept, ...)               collate + action mask + group advantages
+        update = rl_update(model, optimizer, batch)    old log-probs frozen before the first minibatch, then per
+                                                       minibatch: reference log-probs, clipped surrogate (+ KL to
+                                                       the reference, + entropy bonus), backward, clip, step
+        row = dashboard_row(...)                       outcome, behaviour, optimizer, consistency
+        hooks                                          held-out evaluation, guards, checkpoints, progress
+
+Every point a fault can break is a named seam (`Seams`); the defaults are the correct implementations and a fault
+(agentrl.faults.registry) replaces exactly the seams it breaks. The loop never asks which fault is active, so a
+run "with no fault" and a plain run are the same code path.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from agentrl.config import ConfigError, Diverged, RLConfig
+from agentrl.env.gym import make_env_factory
+from agentrl.rl.dashboard import batch_hash, dashboard_row
+from agentrl.rl.objectives import (aggregate_loss, compute_advantages, entropy_bonus, entropy_from_logits,
+                                   kl_penalty, masked_mean, policy_loss, selected_log_probs)
+from agentrl.rl.rollout import Trajectory, collate, sample_step
+from agentrl.seeding import generator as stream_generator
+
+
+class NonFiniteError(Diverged):
+    """A non-finite loss or gradient: raised before the optimizer steps. Carries the update statistics up to the
+    failure and (once a guard has written it) the replay bundle's path."""
+
+    def __init__(self, message: str, stats: dict, bundle: str | None = None):
+        super().__init__(message)
+        self.stats, self.bundle = stats, bundle
+
+
+def env_factory_for(cfg: RLConfig):
+    return make_env_factory(cfg.max_turns, cfg.reward, cfg.rename)
+
+
+def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+
+def frozen_copy(model) -> torch.nn.Module:
+    """A frozen copy of the policy: the KL reference."""
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+# ---------------------------------------------------------------- seams (the correct implementations)
+
+def sampler_temperature(cfg: RLConfig) -> float:
+    return cfg.temperature
+
+
+def trajectory_mask(batch: dict) -> torch.Tensor:
+    """The action mask as the trajectories recorded it: aligned to ids[1:] [B, T-1]."""
+    return batch["action_mask"]
+
+
+def group_advantages(batch: dict, cfg: RLConfig) -> torch.Tensor:
+    return compute_advantages(batch["rewards"], batch["group"], cfg.adv_std_scale)
+
+
+def recomputed_old_log_probs(mbs: list[dict], recomputed: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Old log-probs: the trainer's own, computed once from the weights that sampled the batch."""
+    return recomputed
+
+
+def frozen_old_log_probs(model, mb: dict, old_logp: torch.Tensor) -> torch.Tensor:
+    """Per minibatch: the old log-probs stay as they were before the first optimizer step."""
+    return old_logp
+
+
+def same_config(cfg: RLConfig) -> RLConfig:
+    return cfg
+
+
+@dataclass(frozen=True)
+class Seams:
+    """The named points of the loop a fault may replace (see agentrl.faults.registry)."""
+    sampler_temperature: Callable = sampler_temperature          # cfg -> temperature the sampler uses
+    action_mask: Callable = trajectory_mask                      # batch -> [B, T-1] mask of trained tokens
+    advantages: Callable = group_advantages                      # (batch, cfg) -> [B]
+    old_log_probs: Callable = recomputed_old_log_probs           # (minibatches, recomputed) -> old per minibatch
+    minibatch_old_log_probs: Callable = frozen_old_log_probs     # (model, mb, old) -> old used by this minibatch
+    reference: Callable = frozen_copy                            # model -> KL reference
+    loss_config: Callable = same_config                          # cfg -> cfg of the loss terms
+    backward: Callable | None = None                             # (model, mb, old, ref_logp, cfg) -> (loss, stats)
+
+
+SEAMS = Seams()
+
+
+# ---------------------------------------------------------------- the batch
+
+def prepare_batch(trajs: list[Trajectory], tok, cfg: RLConfig, seams: Seams = SEAMS, width: int | None = None) -> dict:
+    """Collate (right-padded to `width` or the longest row), then the action mask and group advantages [B]."""
+    batch = collate(trajs, tok.pad_id, width)
+    batch["action_mask"] = seams.action_mask(batch)
+    batch["advantages"] = seams.advantages(batch, cfg)
+    return batch
+
+
+def minibatch_slices(n_rows: int, n: int) -> list[slice]:
+    """Contiguous, near-equal row ranges (rows of a group stay together when n divides the group count)."""
+    bounds = [round(i * n_rows / n) for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def mb_view(batch: dict, sl) -> dict:
+    """Rows `sl` (a slice or an index tensor) of every per-row tensor of a batch."""
+    return {k: (v[sl] if torch.is_tensor(v) and v.dim() >= 1 else v) for k, v in batch.items()}
+
+
+def forward_logp(model, ids: torch.Tensor):
+    """Trainer forward: ids [B, T] -> (log p(ids[1:]) [B, T-1], logits [B, T-1, V])."""
+    logits = model(ids)[:, :-1]
+    return selected_log_probs(logits, ids[:, 1:]), logits
+
+
+# ---------------------------------------------------------------- the loss of one (micro)batch
+
+def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
+    """Loss of one (micro)batch under its own aggregation, and its policy-loss stats."""
+    mask = mb["action_mask"]
+    logp, logits = forward_logp(model, mb["ids"])
+    loss, stats = policy_loss(logp, old_logp, mb["advantages"], mask, cfg)
+    if cfg.entropy_coef:
+        loss = loss + entropy_bonus(entropy_from_logits(logits), mask, cfg.entropy_coef, cfg.loss_mode)
+    if ref_logp is not None:
+        loss = loss + cfg.kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, cfg.kl_kind), mask, cfg.loss_mode)
+    return loss, stats
+
+
+def token_weights(mask: torch.Tensor, total_mask: torch.Tensor, mode: str) -> float:
+    """Factor that turns a microbatch's own aggregate into its share of the whole minibatch's aggregate."""
+    if mode == "token_mean":
+        return float(mask.sum() / total_mask.sum().clamp(min=1))
+    return mask.shape[0] / total_mask.shape[0]  # the seq_mean modes average over rows
+
+
+def mean_stats(stats: list[dict]) -> dict:
+    """Policy-loss stats of several microbatches: means of clip_frac and approx_kl, extremes of the ratio."""
+    if len(stats) == 1:
+        return stats[0]
+    return {"clip_frac": sum(s["clip_frac"] for s in stats) / len(stats),
+            "approx_kl": sum(s["approx_kl"] for s in stats) / len(stats),
+            "ratio_max": max(s["ratio_max"] for s in stats), "ratio_min": min(s["ratio_min"] for s in stats)}
+
+
+def accumulate_backward(model, mb: dict, old_logp, ref_logp, cfg: RLConfig) -> tuple[float, dict]:
+    """Backward of one minibatch's loss, in cfg.microbatches exact (token-weighted) pieces."""
+    pieces = minibatch_slices(mb["ids"].shape[0], cfg.microbatches)
+    total, all_stats = 0.0, []
+    for sl in pieces:
+        micro = mb_view(mb, sl)
+        loss, st = minibatch_loss(model, micro, old_logp[sl], None if ref_logp is None else ref_logp[sl], cfg)
+        w = token_weights(micro["action_mask"], mb["action_mask"], cfg.loss_mode) if len(pieces) > 1 else 1.0
+        (loss * w).backward()
+        total += float(loss.detach()) * w
+        all_stats.append(st)
+    return total, mean_stats(all_stats)
+
+
+# ---------------------------------------------------------------- the update
+
+def pre_update_pass(model, mbs: list[dict]):
+    """No-grad pass with the weights that sampled the batch: log-probs per minibatch, plus the step's entropy
+    and sampler-trainer gap over policy tokens."""
+    with torch.no_grad():
+        old, entropies, gaps = [], [], []
+        for mb in mbs:
+            logp, logits = forward_logp(model, mb["ids"])
+            old.append(logp)
+            entropies.append(entropy_from_logits(logits))
+            gaps.append((logp - mb["sample_logp"]).abs())
+    mask = torch.cat([mb["action_mask"] for mb in mbs])
+    gap = torch.cat(gaps)  # minibatches share the batch width, so rows concatenate exactly
+    stats = {"entropy": float(masked_mean(torch.cat(entropies), mask)),
+             "logp_gap": float(masked_mean(gap, mask)), "logp_gap_max": float((gap * mask).max())}
+    return old, stats
+
+
+def ref_log_probs(ref, mb: dict, cfg: RLConfig):
+    """Reference log-probs for one minibatch, computed when the minibatch is processed (a frozen reference
+    gives the same numbers at any time; a reference that is the live policy gives exactly logp)."""
+    if ref is None or cfg.kl_coef <= 0:
+        return None
+    with torch.no_grad():
+        return forward_logp(ref, mb["ids"])[0]
+
+
+def summarize_minibatches(per_mb: list[dict]) -> dict:
+    """Means over the update's optimizer steps, plus per-step maxima where a spike matters."""
+    n = len(per_mb)
+    mean = lambda k: sum(s[k] for s in per_mb) / n  # noqa: E731
+    return {"loss": mean("loss"), "clip_frac": mean("clip_frac"), "clip_frac_max": max(s["clip_frac"] for s in per_mb),
+            "approx_kl": mean("approx_kl"), "approx_kl_max": max(s["approx_kl"] for s in per_mb),
+            "ratio_max": max(s["ratio_max"] for s in per_mb), "ratio_min": min(s["ratio_min"] for s in per_mb),
+            "grad_norm": mean("grad_norm"), "grad_norm_max": max(s["grad_norm"] for s in per_mb)}
+
+
+@torch.no_grad()
+def kl_to_ref(model, ref, batch: dict, cfg: RLConfig) -> float:
+    """Mean per-token KL estimate (cfg.kl_kind) of the current policy to the reference on the batch's policy tokens."""
+    logp, _ = forward_logp(model, batch["ids"])
+    ref_logp, _ = forward_logp(ref, batch["ids"])
+    return float(masked_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch["action_mask"]))
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Seams = SEAMS) -> dict:
+    """One GRPO update on a prepared batch. Old log-probs are computed once, from the weights that sampled the
+    batch, and stay frozen for every minibatch and epoch. Raises NonFiniteError on a non-finite loss or gradient
+    norm, before that optimizer step. Returns per-update statistics."""
+    mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
+    recomputed, stats = pre_update_pass(model, mbs)
+    old = seams.old_log_probs(mbs, recomputed)
+    loss_cfg = seams.loss_config(cfg)
+    backward = seams.backward or accumulate_backward
+    per_mb: list[dict] = []
+    for _ in range(cfg.epochs):
+        for mb, old_logp in zip(mbs, old):
+            ref_logp = ref_log_probs(ref, mb, loss_cfg)
+            old_logp = seams.minibatch_old_log_probs(model, mb, old_logp)
+            optimizer.zero_grad(set_to_none=True)
+            loss, st = backward(model, mb, old_logp, ref_logp, loss_cfg)
+            st["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            st["loss"] = loss
+            per_mb.append(st)
+            if not (_finite(loss) and _finite(st["grad_norm"])):
+                stats.update(summarize_minibatches(per_mb))
+                what = "loss" if not _finite(loss) else "gradient"
+                raise NonFiniteError(f"non-finite {what} in minibatch {len(per_mb) - 1} (loss={loss}, "
+                                     f"grad_norm={st['grad_norm']})", stats)
+            optimizer.step()
+    stats.update(summarize_minibatches(per_mb))
+    if ref is not None and cfg.kl_coef > 0:
+        stats["kl_ref"] = kl_to_ref(model, ref, batch, loss_cfg)
+    return stats
+
+
+# ---------------------------------------------------------------- the loop
+
+@dataclass
+class TrainState:
+    """What the loop carries from step to step (a hook may read it; checkpoints save it)."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    ref: torch.nn.Module | None
+    history: list = field(default_factory=list)
+    start_step: int = 0
+    batch: dict | None = None          # the current step's prepared batch (for guards' replay bundles)
+    update: dict | None = None         # the current step's update statistics
+
+
+class Hook:
+    """Callbacks of the loop; override what you need. on_row may add fields to the step's dashboard row."""
+
+    def on_start(self, state: TrainState) -> None:
+        """Before the first step of a fresh run (not on resume)."""
+
+    def before_step(self, step: int, state: TrainState) -> None:
+        """Before step `step` samples (the generator is still where the previous step left it)."""
+
+    def before_update(self, step: int, state: TrainState) -> None:
+        """After sampling and preparing step `step`'s batch (state.batch), before the update."""
+
+    def on_failure(self, step: int, state: TrainState, exc: NonFiniteError) -> None:
+        """The update of step `step` raised NonFiniteError (the loop re-raises it)."""
+
+    def on_row(self, step: int, state: TrainState, row: dict) -> None:
+        """Step `step` is done and its dashboard row built; the row is appended to the history next."""
+
+    def after_step(self, updates: int, state: TrainState) -> None:
+        """`updates` updates are done and recorded in state.history."""
+
+
+def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = SEAMS, hooks=(),
+          generator: torch.Generator | None = None, optimizer=None, ref=None, history: list | None = None,
+          start_step: int = 0) -> list[dict]:
+    """GRPO for `steps` steps (continuing from start_step with the given optimizer/generator/history when
+    resuming). Returns the history: one dashboard row per step."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
+    if not tasks:
+        raise ConfigError("tasks: expected at least one training task, got none")
+    generator = generator if generator is not None else stream_generator(cfg.seed)
+    optimizer = optimizer if optimizer is not None else make_optimizer(model, cfg)
+    if ref is None and cfg.kl_coef > 0:
+        ref = seams.reference(model)
+    state = TrainState(model, optimizer, generator, ref, history if history is not None else [], start_step)
+    env_factory = env_factory_for(cfg)
+    temperature = seams.sampler_temperature(cfg)
+    if start_step == 0:
+        for hook in hooks:
+            hook.on_start(state)
+    for step in range(start_step, steps):
+        for hook in hooks:
+            hook.before_step(step, state)
+        kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator, temperature)
+        state.batch = prepare_batch(kept, tok, cfg, seams)
+        for hook in hooks:
+            hook.before_update(step, state)
+        try:
+            update = rl_update(model, optimizer, state.batch, cfg, ref, seams) if kept else {}
+        except NonFiniteError as exc:
+            for hook in hooks:
+                hook.on_failure(step, state, exc)
+            raise NonFiniteError(f"step {step}: {exc} — stopped" + (f"; replay bundle: {exc.bundle}" if exc.bundle
+                                                                   else ""), exc.stats, exc.bundle) from None
+        state.update = update
+        row = {"step": step, **dashboard_row(sampled, update), "batch_hash": batch_hash(sampled)}
+        for hook in hooks:
+            hook.on_row(step, state, row)
+        state.history.append(row)
+        for hook in hooks:
+            hook.after_step(step + 1, state)
+    state.batch = state.update = None
+    return state.history

@@ -1,0 +1,66 @@
+"""What every stage script shares: `run_stage(name, sections, inputs, body)`.
+
+    1. validate: the params sections the stage reads (and run), and that every input exists -- a problem is one
+       line on stderr and exit code 2, before any compute, any MLflow run or any output
+    2. threads: torch.set_num_threads(run.threads), the stage's only thread setting, before any tensor work
+    3. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
+    4. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
+       diverged run) is again one line and exit code 2, and the run is marked FAILED
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.config import UserError, section_values
+
+
+@dataclass
+class StageContext:
+    name: str
+    params: dict          # section -> validated config object
+    run: object           # agentrl.tracking.run.StageRun
+
+    @property
+    def seed(self) -> int:
+        return self.params["run"].seed
+
+    @property
+    def threads(self) -> int:
+        return self.params["run"].threads
+
+
+def fail(msg: str, code: int = 2):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
+              params_path: str = "params.yaml", only: dict | None = None) -> None:
+    """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
+    count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
+    generates the instances."""
+    from agentrl.config import load_params
+    wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
+    try:
+        params = load_params(wanted, params_path)
+        missing = [str(p) for p in inputs if not Path(p).exists()]
+        if missing:
+            raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
+    except UserError as exc:
+        fail(str(exc))
+    import torch
+    if numeric:
+        torch.set_num_threads(params["run"].threads)
+    from agentrl.tracking.provenance import ProvenanceError
+    from agentrl.tracking.run import stage_run
+    logged = {s: section_values(s, p) for s, p in params.items()}
+    for section, keys in (only or {}).items():
+        logged[section] = {k: v for k, v in logged[section].items() if k in keys}
+    threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
+    try:
+        with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads) as run:
+            body(StageContext(name, params, run))
+    except (UserError, ProvenanceError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -1,0 +1,1 @@
+"""Provenance (pure hashing), the MLflow store, and audit."""

@@ -1,0 +1,215 @@
+"""`python -m agentrl audit reports/<file>.json:<dotted.path>`: which params, inputs, code and thread count produced
+a number, and is it still current?
+
+DVC is the source of truth. The stage that wrote the file is found in dvc.lock; its lock entry gives the params
+it read and the hash of every dep (code files and input artifacts alike); "current or stale" is DVC's own status
+of that stage (`Repo.status`), so audit and `dvc status` cannot disagree. The stage's provenance record
+(reports/provenance/<stage>.json) adds what DVC does not keep: threads, library versions, git commit, the MLflow
+run and wall time. The MLflow run is looked up read-only, after a probe with a short timeout.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.tracking.provenance import ProvenanceError, work_root
+from agentrl.tracking.run import record_path
+from agentrl.tracking.store import StoreError, _sqlite_path, probe, tracking_uri
+
+
+class AuditError(ValueError):
+    """`audit` could not answer: bad spec, missing file or key, or no stage produces the file."""
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    if not isinstance(spec, str) or ":" not in spec:
+        raise AuditError(f"audit spec must be '<file>.json:<dotted.path>', e.g. 'reports/test.json:chosen.pass_at_1';"
+                         f" got {spec!r}")
+    file, dotted = spec.rsplit(":", 1)
+    if not file or not dotted:
+        raise AuditError(f"audit spec must be '<file>.json:<dotted.path>'; got {spec!r}")
+    return file, dotted
+
+
+def _describe_keys(node: Any) -> str:
+    if isinstance(node, dict):
+        keys = list(node)
+        shown = ", ".join(map(str, keys[:20])) + (", ..." if len(keys) > 20 else "")
+        return f"available keys: {shown}" if keys else "it is an empty object"
+    if isinstance(node, list):
+        return f"it is a list of {len(node)} (indices 0..{len(node) - 1})" if node else "it is an empty list"
+    return f"it is a {type(node).__name__} ({node!r}), not an object or list"
+
+
+def extract(data: Any, dotted: str, label: str = "") -> Any:
+    """Follow a dotted path (list indices allowed; keys that themselves contain dots are matched greedily)."""
+    parts = dotted.split(".")
+    node, done, i = data, [], 0
+    while i < len(parts):
+        where = ".".join(done) or "<top level>"
+        if isinstance(node, list):
+            try:
+                node = node[int(parts[i])]
+            except (ValueError, IndexError):
+                raise AuditError(f"{label}: no index '{parts[i]}' at '{where}' (path '{dotted}'); "
+                                 f"{_describe_keys(node)}") from None
+            done.append(parts[i])
+            i += 1
+        elif isinstance(node, dict):
+            for j in range(len(parts), i, -1):  # longest key first: "rl.lr" may be a literal key
+                key = ".".join(parts[i:j])
+                if key in node:
+                    node = node[key]
+                    done.append(key)
+                    i = j
+                    break
+            else:
+                raise AuditError(f"{label}: key '{parts[i]}' not found at '{where}' (path '{dotted}'); "
+                                 f"{_describe_keys(node)}")
+        else:
+            raise AuditError(f"{label}: cannot look up '{parts[i]}' at '{where}' (path '{dotted}'); "
+                             f"{_describe_keys(node)}")
+    return node
+
+
+def producing_stage(file: str, root: Path) -> tuple[str, dict]:
+    """(stage name, dvc.lock entry) of the stage whose outputs include `file`."""
+    import yaml
+    lock_path = root / "dvc.lock"
+    if not lock_path.is_file():
+        raise AuditError(f"{lock_path}: not found; run `dvc repro` first")
+    stages = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {})
+    for name, entry in stages.items():
+        if any(o.get("path") == file for o in entry.get("outs", [])):
+            return name, entry
+    raise AuditError(f"{file}: no stage in dvc.lock writes it")
+
+
+def dvc_status(stage: str, root: Path) -> list:
+    """DVC's status of one stage: [] when current, else DVC's list of changes (as `dvc status <stage>` prints)."""
+    from dvc.repo import Repo
+    with Repo(str(root)) as repo:
+        return repo.status(targets=[stage]).get(stage, [])
+
+
+def _reasons(changes: list) -> list[str]:
+    out = []
+    for change in changes:
+        if isinstance(change, str):
+            out.append(change)
+            continue
+        for kind, detail in change.items():
+            if isinstance(detail, dict):
+                for what, how in detail.items():
+                    out.append(f"{kind}: {what} {how if isinstance(how, str) else json.dumps(how, sort_keys=True)}")
+            else:
+                out.append(f"{kind}: {detail}")
+    return out
+
+
+def fetch_run(run_id: str | None) -> dict:
+    """The MLflow run, read-only, after a probe with a short timeout; {'found': False, 'error': ...} otherwise."""
+    if not run_id:
+        return {"found": False, "error": "no provenance record (run the stage)"}
+    uri = tracking_uri()
+    db = _sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return {"found": False, "error": f"store not found: {db}"}
+    try:
+        probe(uri)
+        from agentrl.tracking.store import _client, _retry
+        client = _client(uri)
+        run = _retry(client.get_run, run_id)
+    except StoreError as exc:
+        return {"found": False, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - report, don't crash the audit
+        return {"found": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    return {"found": True, "run_id": run_id, "name": run.info.run_name, "status": run.info.status,
+            "tracking_uri": uri, "pipeline_run": run.data.tags.get("pipeline_run"),
+            "fingerprint": run.data.tags.get("fingerprint")}
+
+
+def audit(spec: str, root: Path | str | None = None) -> dict:
+    """Answer for `<file>.json:<dotted.path>` (see the module doc)."""
+    root = Path(root).resolve() if root is not None else work_root()
+    file, dotted = _split_spec(spec)
+    path = root / file
+    if not path.is_file():
+        raise AuditError(f"{file}: no such file under {root}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise AuditError(f"{file}: not valid JSON ({exc})") from None
+    value = extract(data, dotted, file)
+    stage, lock = producing_stage(file, root)
+    deps = {d["path"]: d.get("md5") or d.get("hash") for d in lock.get("deps", [])}
+    code = {p: h for p, h in deps.items() if p.endswith(".py")}
+    inputs = {p: h for p, h in deps.items() if not p.endswith(".py")}
+    params = {}
+    for pfile, values in (lock.get("params") or {}).items():
+        params.update(values if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in values.items()})
+    changes = dvc_status(stage, root)
+    rec_file = record_path(stage, root)
+    record = json.loads(rec_file.read_text()) if rec_file.is_file() else None
+    run = fetch_run((record or {}).get("mlflow", {}).get("run_id"))
+    warnings = []
+    if record is None:
+        warnings.append(f"no provenance record {rec_file.relative_to(root)}")
+    elif record.get("code_files") and sorted(record["code_files"]) != sorted(code):
+        warnings.append("the provenance record's code files differ from dvc.lock's (record from another dvc.yaml)")
+    if not run["found"]:
+        warnings.append(f"MLflow run not found ({run['error']})")
+    return {"spec": spec, "file": file, "path": dotted, "value": value, "stage": stage, "cmd": lock.get("cmd"),
+            "params": params, "code": code, "inputs": inputs, "record": record, "run": run,
+            "status": "current" if not changes else "stale", "reasons": _reasons(changes), "warnings": warnings}
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value) if isinstance(value, (str, float, int, bool)) or value is None else \
+        json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def format_audit(result: dict) -> str:
+    rec, run = result["record"] or {}, result["run"]
+    lines = [f"{result['file']}:{result['path']} = {_short(result['value'])}",
+             f"  stage        : {result['stage']}   ({result['cmd']})"]
+    if run["found"]:
+        lines.append(f"  mlflow run   : {run['run_id']} ({run['status']}, run name {run['name']!r}, pipeline run "
+                     f"{run['pipeline_run']})   store: {run['tracking_uri']}")
+    else:
+        lines.append(f"  mlflow run   : {rec.get('mlflow', {}).get('run_id', '-')} (not found: {run['error']})")
+    lines.append(f"  threads      : {rec.get('threads', '-')}")
+    lines.append("  versions     : " + ", ".join(f"{k} {v}" for k, v in rec.get("versions", {}).items()))
+    lines.append(f"  code version : commit {rec.get('git_commit', '-')}{' (dirty)' if rec.get('dirty') else ''}, "
+                 f"code hash {rec.get('code_hash', '-')} over {len(result['code'])} files")
+    for name, digest in sorted(result["code"].items()):
+        lines.append(f"      {name}  md5 {digest}")
+    lines.append(f"  params       : {len(result['params'])}")
+    for key, value in sorted(result["params"].items()):
+        lines.append(f"      {key} = {_short(value, 120)}")
+    lines.append(f"  inputs       : {len(result['inputs'])}")
+    for name, digest in sorted(result["inputs"].items()):
+        lines.append(f"      {name}  md5 {digest}")
+    for warning in result["warnings"]:
+        lines.append(f"  warning      : {warning}")
+    if result["status"] == "current":
+        lines.append("  status       : current (dvc status: the stage's params, code and inputs are unchanged)")
+    else:
+        lines.append(f"  status       : STALE ({len(result['reasons'])} change(s), as `dvc status "
+                     f"{result['stage']}` reports)")
+        lines += [f"      - {r}" for r in result["reasons"]]
+    return "\n".join(lines)
+
+
+def main(spec: str, as_json: bool = False, root=None) -> int:
+    """0 current, 1 stale, 2 error (one line)."""
+    import sys
+    try:
+        result = audit(spec, root)
+    except (AuditError, ProvenanceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, default=str) if as_json else format_audit(result))
+    return 0 if result["status"] == "current" else 1

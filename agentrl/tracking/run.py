@@ -1,0 +1,275 @@
+"""One MLflow run per stage run, from start to a status that is never left RUNNING by a process that is gone.
+
+`stage_run(stage, params, inputs, threads)` hashes the stage's provenance (fails before anything exists if an
+input is missing), probes the store (one line naming the URI if it does not answer), marks RUNNING runs of the
+same stage whose process is gone as KILLED, opens the run (named by the stage and matrix instance, tagged with the
+pipeline-run id so the runs of one `dvc repro` can be found together) and yields a `StageRun`. On a clean exit it
+writes the stage's provenance record, `reports/provenance/<stage>.json` (the run id, git commit, timestamps and
+wall time live there and in MLflow, never in the stage's outputs), logs it as an artifact and marks the run
+FINISHED; an exception marks it FAILED, Ctrl-C or SIGTERM KILLED.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from agentrl.tracking.provenance import build_provenance, flatten_params, git_info, params_hash, project_root, \
+    work_root
+from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE,
+                                    MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VALUE, _chunks, _client, _ensure_experiment,
+                                    _key, _metric_value, _retry, _value_text, artifact_location, configured_uri, probe,
+                                    tracking_uri)
+
+RECORD_DIR = Path("reports") / "provenance"
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so the run is closed as KILLED (like Ctrl-C)."""
+
+
+def record_path(stage: str, root: Path | str | None = None) -> Path:
+    """Where a stage's provenance record lives (relative to the working copy)."""
+    return Path(root or work_root()) / RECORD_DIR / f"{stage}.json"
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_tag(pid: int | None = None) -> str:
+    """host:pid:start-time of a process: identifies it even after its pid is reused."""
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_proc_start(pid) or '?'}"
+
+
+def process_alive(tag: str) -> bool | None:
+    """Is the process a process_tag names still running? None when it ran on another host (cannot tell)."""
+    try:
+        host, pid, start = tag.rsplit(":", 2)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    return _proc_start(int(pid)) == start and start != "?"
+
+
+def pipeline_run_id() -> str:
+    """Identity of the pipeline invocation a stage runs under: $AGENTRL_PIPELINE_RUN, the DVC experiment's name, or
+    the `dvc` process that launched the stage (host, pid, start time), found by walking up the process tree."""
+    if os.environ.get("AGENTRL_PIPELINE_RUN"):
+        return os.environ["AGENTRL_PIPELINE_RUN"]
+    if os.environ.get("DVC_EXP_NAME"):
+        return f"exp-{os.environ['DVC_EXP_NAME']}"
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if "dvc" in cmd.split(" ")[0].rsplit("/", 1)[-1] or "/dvc " in cmd or " dvc " in f" {cmd}":
+            return "dvc-" + process_tag(pid).replace(":", "-")
+        if ppid <= 1:
+            break
+        pid = ppid
+    return "run-" + process_tag().replace(":", "-")
+
+
+class StageRun:
+    """Handle yielded by `stage_run`: the run id, the provenance content, and logging into the run."""
+
+    def __init__(self, client, run_id: str, record: dict):
+        self._client = client
+        self.run_id = run_id
+        self.record = record
+        self.fingerprint = record["fingerprint"]
+        self.previous_seconds = 0.0   # a resumed stage adds the wall time of the runs it continues
+        self.previous_runs: list[str] = []
+
+    def log_metrics(self, metrics: Mapping, step: int | None = None) -> int:
+        """Log one row of metrics (nested dicts flattened with dots) at `step`; returns how many were logged."""
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        rows = [Metric(_key(k), v, now, int(step or 0)) for k, raw in flatten_params(metrics).items()
+                if (v := _metric_value(raw)) is not None]
+        return self._log(rows)
+
+    def log_history(self, rows: Iterable[Mapping], step_key: str = "step") -> int:
+        """Log step rows (e.g. the training dashboard) in few transactions: `row[step_key]` is the step."""
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        metrics = []
+        for index, row in enumerate(rows):
+            step = row.get(step_key, index)
+            step = int(step) if _metric_value(step) is not None else index
+            for k, raw in flatten_params({k: v for k, v in row.items() if k != step_key}).items():
+                if (v := _metric_value(raw)) is not None:
+                    metrics.append(Metric(_key(k), v, now, step))
+        return self._log(metrics)
+
+    def _log(self, metrics: list) -> int:
+        for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
+            _retry(self._client.log_batch, self.run_id, metrics=chunk)
+        return len(metrics)
+
+    def set_tags(self, tags: Mapping) -> None:
+        from mlflow.entities import RunTag
+        items = [RunTag(_key(k), _value_text(v, MAX_TAG_VALUE)) for k, v in tags.items()]
+        for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+            _retry(self._client.log_batch, self.run_id, tags=chunk)
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        """A file or directory of the stage's outputs, browsable in the MLflow UI."""
+        path = Path(path)
+        if path.is_dir():
+            _retry(self._client.log_artifacts, self.run_id, str(path), artifact_path)
+        elif path.is_file():
+            _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+
+def _run_tags(record: dict, git: dict, work: Path, root: Path) -> dict:
+    name = record["stage"]
+    tags = {"stage": name.split("@", 1)[0], "stage.instance": name, "fingerprint": record["fingerprint"],
+            "params_hash": params_hash(record["params"]), "code_hash": record["code_hash"],
+            "code_files": " ".join(record["code_files"]), "git.commit": git["commit"],
+            "git.dirty": str(git["dirty"]).lower(), "run.threads": str(record["threads"]),
+            "pipeline_run": pipeline_run_id(), "process": process_tag()}
+    tags.update({f"version.{k}": v for k, v in record["versions"].items()})
+    tags.update({f"input.{p}": h for p, h in record["inputs"].items()})
+    if git["commit"] != "unknown":
+        tags["mlflow.source.git.commit"] = git["commit"]
+    for env, tag in (("DVC_EXP_NAME", "dvc.exp_name"), ("DVC_EXP_BASELINE_REV", "dvc.baseline_rev"),
+                     ("AGENTRL_SWEEP", "sweep")):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    if work != root:
+        tags["workdir"] = str(work)
+    return {_key(k): _value_text(v, MAX_TAG_VALUE) for k, v in tags.items()}
+
+
+def close_orphans(client, exp_id: str, stage: str) -> list[str]:
+    """Mark RUNNING runs of `stage` whose process is gone (killed by SIGKILL, a crash, a lost node) as KILLED.
+    Returns their run ids."""
+    runs = _retry(client.search_runs, [exp_id],
+                  filter_string=f"tags.`stage.instance` = '{stage}' and attributes.status = 'RUNNING'")
+    closed = []
+    for run in runs:
+        if process_alive(run.data.tags.get("process", "")) is False:
+            _retry(client.set_tag, run.info.run_id, "killed_reason", "process gone (found by a later run)")
+            _retry(client.set_terminated, run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+    return closed
+
+
+def _write_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write_index(directory: Path) -> None:
+    """reports/provenance/README.md: one row per stage record (run id, params hash, commit, wall time), so the
+    runs behind the report's numbers and the per-stage times of the last run are one click away."""
+    rows = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        rows.append(r)
+    total = sum(r.get("this_run_seconds", 0.0) for r in rows)
+    lines = ["# Provenance records", "",
+             "One record per stage run, written by the stage when it finishes (`agentrl.tracking.run`): the MLflow run,",
+             "the params hash, the code version and the wall time. They are not stage outputs (outputs depend only on",
+             "what made them), so a rerun rewrites these files and nothing else. `python -m agentrl audit` reads them.", "",
+             "| stage | MLflow run | pipeline run | params hash | fingerprint | git commit | wall time (s) | started |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| `{r['stage']}` | `{r['mlflow']['run_id']}` | `{r.get('pipeline_run', '')}` | "
+                     f"`{r.get('params_hash', '')}` | `{r['fingerprint']}` | `{r.get('git_commit', '')[:12]}`"
+                     f"{' (dirty)' if r.get('dirty') else ''} | {r.get('this_run_seconds', 0):.1f} | "
+                     f"{r.get('started', '')} |")
+    lines += ["", f"Sum of the stages' own wall times: {total:.0f} s (interpreter start-up and DVC bookkeeping, about "
+              "2-5 s per stage, come on top)."]
+    tmp = directory / "README.md.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, directory / "README.md")
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception():
+    def handler(signum, frame):
+        raise Terminated(f"signal {signum}")
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads: int | None,
+              experiment: str = DEFAULT_EXPERIMENT):
+    """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc)."""
+    from mlflow.entities import Param
+    work, root = work_root(), project_root()
+    uri = tracking_uri(root)
+    record = build_provenance(stage, params, inputs, threads, root=work)  # fails before any run exists
+    probe(uri)
+    git = git_info(work)
+    client = _client(uri)
+    exp_id = _ensure_experiment(client, uri, experiment, artifact_location(uri, root))
+    orphans = close_orphans(client, exp_id, stage)
+    run = _retry(client.create_run, exp_id, run_name=stage, tags=_run_tags(record, git, work, root))
+    handle = StageRun(client, run.info.run_id, record)
+    handle.previous_runs = orphans
+    started = time.time()
+    status, clean = "FAILED", False
+    try:
+        with _sigterm_as_exception():
+            logged = {**record["params"], **({"run.threads": threads} if threads is not None else {})}
+            items = [Param(_key(k), _value_text(v, MAX_PARAM_VALUE)) for k, v in sorted(logged.items())]
+            for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+                _retry(client.log_batch, handle.run_id, params=chunk)
+            yield handle
+            wall = time.time() - started
+            out = {**record, "git_commit": git["commit"], "dirty": git["dirty"], "params_hash": params_hash(record["params"]),
+                   "mlflow": {"run_id": handle.run_id, "experiment": experiment, "tracking_uri": configured_uri(),
+                              "continues": handle.previous_runs},
+                   "pipeline_run": pipeline_run_id(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                   "wall_seconds": round(handle.previous_seconds + wall, 3), "this_run_seconds": round(wall, 3)}
+            _write_record(record_path(stage, work), out)
+            write_index(record_path(stage, work).parent)
+            handle.log_artifact(record_path(stage, work), "provenance")
+            handle.log_metrics({"wall_seconds": out["wall_seconds"]})
+            if handle.previous_runs:
+                handle.set_tags({"continues": " ".join(handle.previous_runs)})
+            status, clean = "FINISHED", True
+    except (KeyboardInterrupt, Terminated):
+        status = "KILLED"
+        raise
+    except SystemExit as exc:
+        status = "FINISHED" if exc.code in (None, 0) else "FAILED"
+        raise
+    finally:
+        try:
+            _retry(client.set_terminated, handle.run_id, status)
+        except Exception:
+            if clean:
+                raise
+            print(f"warning: could not mark MLflow run {handle.run_id} as {status}", file=sys.stderr)

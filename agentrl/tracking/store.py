@@ -1,0 +1,346 @@
+"""The MLflow store: where it is, whether it answers, and a client that survives concurrent writers.
+
+Every stage logs into ONE store. Default: `sqlite:///mlflow.db` at the project root (a relative URI, resolved
+against the project root: `$DVC_ROOT` when DVC runs the stage, which for queued experiments executing in a copy
+under .dvc/tmp/exps/ points at the MAIN repository; treeverse/dvc#9879, #9918). `MLFLOW_TRACKING_URI` overrides.
+The experiment's artifact location is pinned to `<store dir>/mlartifacts`, so an experiment first created from a
+temporary copy never records a path that later disappears.
+
+`probe` checks the store before any work: an http store must accept a connection within a few seconds, a sqlite
+file must be a readable database; otherwise one line names the URI (no minutes of retries).
+
+Concurrency. Parallel queue workers write the same sqlite file. Every store call goes through `_retry` (backoff with
+jitter on "database is locked" and friends), writes are batched, and a racing `create_experiment` falls back to
+reading the experiment the other process created. First-time store creation runs MLflow's schema migrations, which
+must not run twice at once (two concurrent migrations leave `_alembic_tmp_*` tables behind), so it is serialised
+with an flock on the store's directory; later openers share that lock and only wait for a migration in progress.
+
+Nothing phones home: MLflow telemetry is switched off before mlflow can be imported; mlflow itself is imported
+lazily so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import os
+
+# MLflow (>= 3.2) decides at `import mlflow` time whether to start its telemetry client. setdefault: an explicit
+# user choice wins. HTTP stores: fail fast instead of retrying for minutes.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import numbers
+import random
+import re
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from agentrl.tracking.provenance import ProvenanceError, project_root
+
+try:  # serialises first-time store creation (POSIX); without it a concurrent creation can fail (ensure_store)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXPERIMENT = "agentrl"
+DEFAULT_URI = "sqlite:///mlflow.db"      # relative to the project root
+ARTIFACT_DIR = "mlartifacts"
+PROBE_TIMEOUT = 3.0
+MAX_METRICS_PER_BATCH = 1000   # mlflow.utils.validation.MAX_METRICS_PER_BATCH / MAX_ENTITIES_PER_BATCH
+MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY = 250
+RETRY_TRIES = 30
+RETRY_MAX_SLEEP = 1.0
+
+
+class StoreError(ProvenanceError):
+    """The tracking store is unreachable or unusable; the message names the URI."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# where the store is
+
+def configured_uri() -> str:
+    """The tracking URI as configured: $MLFLOW_TRACKING_URI, else the relative default `sqlite:///mlflow.db`."""
+    return os.environ.get("MLFLOW_TRACKING_URI", "").strip() or DEFAULT_URI
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///...` URI (None for other schemes or in-memory databases)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    rest = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(rest) if rest and rest != ":memory:" else None
+
+
+def tracking_uri(root: Path | str | None = None) -> str:
+    """The configured URI resolved for connecting: a relative sqlite/file path is anchored at the project root."""
+    root = Path(root).resolve() if root is not None else project_root()
+    uri = configured_uri()
+    if uri.startswith("sqlite:///"):
+        path, sep, query = uri[len("sqlite:///"):].partition("?")
+        if path and path != ":memory:" and not Path(path).is_absolute():
+            return f"sqlite:///{(root / path).resolve().as_posix()}{sep}{query}"
+        return uri
+    if uri.startswith("file:"):
+        return uri if uri.startswith("file:///") or uri.startswith("file://localhost/") else \
+            (root / uri[len("file:"):]).resolve().as_uri()
+    if "://" not in uri:  # a bare path means a local file store
+        return (root / uri).resolve().as_uri()
+    return uri
+
+
+def artifact_location(uri: str | None = None, root: Path | str | None = None) -> str:
+    """file URI of the experiment artifact root: `mlartifacts/` beside the sqlite store, else `<root>/mlartifacts`."""
+    root = Path(root).resolve() if root is not None else project_root()
+    uri = uri or tracking_uri(root)
+    db = _sqlite_path(uri)
+    base = db.parent if db is not None else root
+    return (base / ARTIFACT_DIR).resolve().as_uri()
+
+
+def probe(uri: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """Raise StoreError (one line naming the URI) unless the store answers: an http(s) server must accept a TCP
+    connection within `timeout` seconds; an existing sqlite file must be a readable SQLite database."""
+    if uri.startswith(("http://", "https://")):
+        parsed = urlparse(uri)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
+                return
+        except OSError as exc:
+            raise StoreError(f"MLflow tracking store {uri} unreachable ({exc.strerror or type(exc).__name__}); "
+                             "start the server or set MLFLOW_TRACKING_URI to a reachable store") from None
+    db = _sqlite_path(uri)
+    if db is None or not db.exists():
+        return
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=timeout)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"MLflow tracking store {db}: not a readable SQLite database ({exc}); move it aside or "
+                         "set MLFLOW_TRACKING_URI to another store") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the store: retries, locking, client and experiment
+
+_TRANSIENT = ("database is locked", "database table is locked", "database schema is locked", "database is busy",
+              "sqlite_busy", "temporarily_unavailable")
+# symptoms of opening a store while another process is still creating it (without the lock: NFS, Windows)
+_INIT_RACE = ("already exists", "out-of-date database schema", "no such table", "unique constraint failed")
+# ...and of two migrations having run at once: permanent, retrying cannot help
+_CORRUPT = ("_alembic_tmp_", "duplicate column name")
+
+
+def _exc_text(exc: BaseException) -> str:
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {exc} {getattr(exc, 'error_code', '')}")
+        exc = exc.__cause__ or exc.__context__
+    return " | ".join(parts).lower()
+
+
+def _is_transient(exc: BaseException, init: bool = False) -> bool:
+    text = _exc_text(exc)
+    if any(s in text for s in _CORRUPT):
+        return False
+    return any(s in text for s in _TRANSIENT) or (init and any(s in text for s in _INIT_RACE))
+
+
+_RNG: dict[int, random.Random] = {}
+
+
+def _rng() -> random.Random:
+    """Per-process jitter source (a fresh one after fork, so workers don't retry in lock-step)."""
+    pid = os.getpid()
+    if pid not in _RNG:
+        _RNG[pid] = random.Random(pid ^ time.time_ns())
+    return _RNG[pid]
+
+
+def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
+    """Call fn, retrying on a locked/busy database (and, with init=True, on store-creation races) with jittered
+    exponential backoff capped at RETRY_MAX_SLEEP seconds."""
+    for attempt in range(tries):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - filtered below
+            if attempt == tries - 1 or not _is_transient(exc, init):
+                raise
+            delay = min(RETRY_MAX_SLEEP, 0.02 * 2 ** attempt) * (0.5 + 0.5 * _rng().random())
+            log.debug("store busy (%s); retry %d/%d in %.2fs", type(exc).__name__, attempt + 1, tries, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class _DropLockedNoise(logging.Filter):
+    """MLflow logs a full traceback for every OperationalError before re-raising it; ours are retried."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return "database is locked" not in record.getMessage()
+        except Exception:  # noqa: BLE001
+            return True
+
+
+_FILTER = _DropLockedNoise()
+
+
+def _store_initialised(db: Path) -> bool:
+    """Has some process already started creating this sqlite store (alembic_version table present)?"""
+    if not db.is_file() or db.stat().st_size == 0:
+        return False
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=20)
+        try:
+            return con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='alembic_version'"
+                               ).fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str, shared: bool | None = None):
+    """Advisory flock on the sqlite store's directory (no lock file is left behind). Whoever may have to create
+    and migrate the store holds it exclusively; once the store exists, openers share it, so they only wait for a
+    migration in progress (the creator takes the lock before the file exists). Where flock is unavailable
+    (non-POSIX, some network filesystems) this is a no-op and two first-time creations can collide: call
+    `ensure_store()` before starting parallel workers there."""
+    db = _sqlite_path(uri)
+    if db is None or fcntl is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    if shared is None:
+        shared = _store_initialised(db)
+    try:
+        fd = os.open(db.parent, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+_CLIENTS: dict[tuple[int, str], Any] = {}
+_EXPERIMENTS: dict[tuple[int, str, str], str] = {}
+
+
+def _client(uri: str):
+    """One MlflowClient per (process, store). Constructing it opens the store, and for a brand-new sqlite file runs
+    the schema migrations (seconds): that happens under the store lock, retried on creation races."""
+    key = (os.getpid(), uri)
+    if key not in _CLIENTS:
+        from mlflow.tracking import MlflowClient
+        logging.getLogger("mlflow.store.db.utils").addFilter(_FILTER)
+        with _store_lock(uri):
+            try:
+                _CLIENTS[key] = _retry(MlflowClient, tracking_uri=uri, init=True)
+            except Exception as exc:
+                if any(s in _exc_text(exc) for s in _CORRUPT):
+                    raise StoreError(
+                        f"MLflow store {uri}: creation collided with another process migrating it at the same "
+                        f"time ({type(exc).__name__}: {str(exc).splitlines()[0]}). Run again; if it fails the same "
+                        f"way the file was left half-migrated and holds no runs: delete it. Where flock is "
+                        f"unavailable, create the store (agentrl.tracking.store.ensure_store) before starting parallel "
+                        f"workers") from exc
+                raise
+    return _CLIENTS[key]
+
+
+def ensure_store(root: Path | str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """Create (and migrate) the tracking store and the experiment now; idempotent. Returns the tracking URI.
+    Cheap insurance before launching parallel queue workers (`dvc queue start -j N`)."""
+    root = Path(root).resolve() if root is not None else project_root()
+    uri = tracking_uri(root)
+    _ensure_experiment(_client(uri), uri, experiment, artifact_location(uri, root))
+    return uri
+
+
+def _ensure_experiment(client, uri: str, name: str, location: str) -> str:
+    """Experiment id for `name`, creating it (with an explicit absolute artifact location) if needed. Runs under
+    the store lock; should another process create it first anyway (no flock), read theirs."""
+    from mlflow.exceptions import MlflowException
+    key = (os.getpid(), uri, name)
+    if key in _EXPERIMENTS:
+        return _EXPERIMENTS[key]
+    with _store_lock(uri, shared=False):  # serialise get-or-create of the experiment
+        exp = _retry(client.get_experiment_by_name, name)
+        if exp is None:
+            try:
+                exp_id = _retry(client.create_experiment, name, artifact_location=location, init=False)
+            except MlflowException:  # another process created it first
+                exp = _retry(client.get_experiment_by_name, name)
+                if exp is None:
+                    raise
+                exp_id = exp.experiment_id
+        else:
+            exp_id = exp.experiment_id
+            if exp.lifecycle_stage == "deleted":
+                _retry(client.restore_experiment, exp_id)
+    _EXPERIMENTS[key] = exp_id
+    return exp_id
+
+
+_BAD_KEY_CHARS = re.compile(r"[^\w.\- /]")
+
+
+def _key(name: str) -> str:
+    """A valid MLflow param/metric/tag key (alnum _ - . space /; no leading '/', no '..'; <= 250 chars)."""
+    key = _BAD_KEY_CHARS.sub("_", str(name)).lstrip("/").replace("..", "__") or "_"
+    if len(key) > MAX_KEY:
+        key = key[:MAX_KEY - 17] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return key
+
+
+def _value_text(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+def _metric_value(value: Any) -> float | None:
+    """A finite float, or None for anything non-numeric (bool, str, None, ...) or non-finite."""
+    if isinstance(value, bool):
+        return None
+    if not isinstance(value, numbers.Number) and hasattr(value, "item"):
+        try:
+            value = value.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

@@ -1,1 +1,0 @@
-"""One small script per DVC stage: read its params sections, call agentrl, write its outputs."""

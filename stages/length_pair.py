@@ -1,0 +1,34 @@
+"""Stage length_pair@<seed>: the length-bias pair (seq_mean_token_mean vs its token_mean twin) at one more seed,
+training only, from the length start. A study outside the default pipeline (length.seeds is empty by default):
+`dvc exp run -S 'length.seeds=[1,2,3]'` adds instances, `python -m agentrl study length-bias` summarizes them."""
+import argparse
+
+from agentrl.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, policy_path, write_json
+from agentrl.env.tasks import load_split
+from agentrl.env.tokenizer import load_tokenizer
+from agentrl.faults.length import length_pair_row
+from agentrl.model.checkpoints import load_for
+from agentrl.stage import run_stage
+
+SECTIONS = ["model", "rl", "length"]
+READS = {"run": ["threads"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
+INPUTS = [TOKENIZER, SPLIT, policy_path("length_start")]
+
+
+def main(seed: int):
+    def body(ctx):
+        tok, split = load_tokenizer(), load_split()
+        start, _ = load_for(policy_path("length_start"), tok, ctx.params["model"])
+        row = length_pair_row(start, tok, split["train"], ctx.params["rl"], ctx.params, seed)
+        write_json(LENGTH_STUDY_DIR / f"seed-{seed}.json", row)
+        ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})
+        print(f"length_pair {seed}: length_fail change {row['faulty_fail_change']:+.2f} vs twin "
+              f"{row['twin_fail_change']:+.2f}; signature holds: {row['holds']}")
+
+    run_stage(f"length_pair@{seed}", SECTIONS, INPUTS, body, only=READS)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, required=True)
+    main(p.parse_args().seed)

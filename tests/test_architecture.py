@@ -1,0 +1,101 @@
+"""The architecture the code should show: one concept per module (none over 450 lines), imports that only point
+down the layers, no import cycles, and every module importable on its own."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "agentrl"
+MAX_LINES = 450
+# bottom to top; a module may import its own layer and the layers below it, never above
+LAYERS = [
+    ["agentrl.config", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
+    ["agentrl.env"],
+    ["agentrl.model"],
+    ["agentrl.rl"],
+    ["agentrl.eval"],
+    ["agentrl.faults"],
+    ["agentrl.tracking"],
+    ["agentrl.report"],
+    ["agentrl.stage", "agentrl.studies", "agentrl.bench", "agentrl.cli", "agentrl.__main__"],
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(REPO).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        out[name] = path
+    return out
+
+
+def layer(module: str) -> int:
+    best, rank = -1, None
+    for i, names in enumerate(LAYERS):
+        for prefix in names:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    assert rank is not None, f"{module} is in no layer"
+    return rank
+
+
+def imports(path: Path) -> set[str]:
+    """agentrl modules a file imports anywhere (module level or inside functions)."""
+    mods = modules()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "agentrl"}
+    return {m for m in found if m in mods}
+
+
+def test_no_module_over_the_size_limit():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
+
+
+def test_imports_only_point_down():
+    upward = [(m, t) for m, p in modules().items() for t in imports(p)
+              if layer(t) > layer(m) and not (m == "agentrl" or t == "agentrl")]
+    assert upward == []
+
+
+def test_import_graph_is_acyclic():
+    graph = {m: {t for t in imports(p) if t != m and t != "agentrl"} for m, p in modules().items()}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in graph.get(m, ()):
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack + [m, t]))
+            if not state.get(t):
+                visit(t, stack + [m])
+        state[m] = 2
+    for m in graph:
+        if not state.get(m):
+            visit(m, [])
+
+
+def test_every_module_imports_on_its_own():
+    """Each module imported into an interpreter holding no other agentrl module (third-party imports stay cached,
+    so this takes seconds)."""
+    names = sorted(n for n in modules() if n != "agentrl.__main__")
+    code = ("import importlib, sys\n"
+            f"names = {names!r}\n"
+            "bad = []\n"
+            "for name in names:\n"
+            "    for m in [m for m in sys.modules if m == 'agentrl' or m.startswith('agentrl.')]:\n"
+            "        del sys.modules[m]\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except Exception as exc:\n"
+            "        bad.append((name, repr(exc)))\n"
+            "print(bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
