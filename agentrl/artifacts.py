@@ -40,6 +40,11 @@ def checkpoint_path(step: int, root: Path | str = ".") -> Path:
     return Path(root) / CHECKPOINT_DIR / f"step_{step:04d}.pt"
 
 
+def bundle_dir(stage: str) -> Path:
+    """Where a stage's replay bundles go when a guard stops it (outside its outputs)."""
+    return DATA / "bundles" / stage
+
+
 def ablation_dir(arm: str, seed: int) -> Path:
     return ABLATE_DIR / f"{arm}-{seed}"
 

@@ -2,11 +2,12 @@
 depends on the seed only (so arms with the same seed share the evaluation stream)."""
 import argparse
 
-from agentrl.artifacts import SPLIT, TOKENIZER, ablation_dir, policy_path, write_json
+from agentrl.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.ablation import arm_config, run_instance
 from agentrl.model.checkpoints import load_for, save_policy
+from agentrl.rl.guards import BundleGuard
 from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "ablate"]
@@ -21,7 +22,8 @@ def main(arm: str, seed: int):
         tok, split = load_tokenizer(), load_split()
         cfg, start_name = arm_config(arm, ctx.params["rl"], acfg, seed)
         model, _ = load_for(policy_path(start_name), tok, ctx.params["model"])
-        result = run_instance(model, arm, seed, start_name, cfg, acfg, tok, split)
+        guard = BundleGuard(bundle_dir(ctx.name), cfg)
+        result = run_instance(model, arm, seed, start_name, cfg, acfg, tok, split, hooks=[guard])
         out = ablation_dir(arm, seed)
         save_policy(out / "policy.pt", model, tok.hash)
         write_json(out / "result.json", result)

@@ -3,11 +3,12 @@ training only, from the length start. A study outside the default pipeline (leng
 `dvc exp run -S 'length.seeds=[1,2,3]'` adds instances, `python -m agentrl study length-bias` summarizes them."""
 import argparse
 
-from agentrl.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, policy_path, write_json
+from agentrl.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, bundle_dir, policy_path, write_json
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
 from agentrl.faults.length import length_pair_row
 from agentrl.model.checkpoints import load_for
+from agentrl.rl.guards import BundleGuard
 from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "length"]
@@ -19,7 +20,8 @@ def main(seed: int):
     def body(ctx):
         tok, split = load_tokenizer(), load_split()
         start, _ = load_for(policy_path("length_start"), tok, ctx.params["model"])
-        row = length_pair_row(start, tok, split["train"], ctx.params["rl"], ctx.params, seed)
+        row = length_pair_row(start, tok, split["train"], ctx.params["rl"], ctx.params, seed,
+                              hooks_for=lambda cfg: [BundleGuard(bundle_dir(ctx.name), cfg)])
         write_json(LENGTH_STUDY_DIR / f"seed-{seed}.json", row)
         ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})
         print(f"length_pair {seed}: length_fail change {row['faulty_fail_change']:+.2f} vs twin "

@@ -2,13 +2,14 @@
 differ, how far apart are the parameters at the end, and what does it do to held-out pass rates?"""
 import torch
 
-from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, StageError, checkpoint_path, policy_path,
+from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, StageError, bundle_dir, checkpoint_path, policy_path,
                                read_json, write_json, write_metrics)
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.reproducibility import first_divergent_step, max_param_diff
 from agentrl.model.checkpoints import load_for, read_checkpoint
+from agentrl.rl.guards import BundleGuard
 from agentrl.rl.trainer import train
 from agentrl.seeding import generator
 from agentrl.stage import run_stage
@@ -27,7 +28,7 @@ def body(ctx):
                          "(choose a multiple of train.checkpoint_every, at most train.steps)")
     model, _ = load_for(policy_path("base"), tok, ctx.params["model"])
     torch.set_num_threads(tcfg.compare_threads)   # the experiment: the same run at another thread count ...
-    rows = train(model, split["train"], tok, cfg, tcfg.steps)
+    rows = train(model, split["train"], tok, cfg, tcfg.steps, hooks=[BundleGuard(bundle_dir(ctx.name), cfg)])
     torch.set_num_threads(ctx.threads)            # ... and back to run.threads for everything else
     first = first_divergent_step(rows, main_rows)
     main_model, _ = load_for(ckpt, tok, ctx.params["model"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from agentrl.config import RLConfig
 from agentrl.eval.evaluation import HeldOutEval
 from agentrl.faults.registry import BUGS, seams_for
+from agentrl.rl.guards import BundleGuard
 from agentrl.rl.trainer import Hook, NonFiniteError, train
 
 # ---------------------------------------------------------------- the runs
@@ -188,16 +189,19 @@ def run_one(name: str, model, tok, train_tasks: list, cfg: RLConfig, steps: int,
         train(model, train_tasks, tok, cfg, steps, seams=seams_for(spec.bug), hooks=hooks, history=history)
     except NonFiniteError as exc:
         stopped = str(exc)
+    first = next((r for r in history if r.get("diverged")), None)
     return {"history": history, "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "config": cfg.to_dict(), "bug": spec.bug, "steps": steps, "seconds": time.time() - t0, "stopped": stopped}
+            "config": cfg.to_dict(), "bug": spec.bug, "steps": steps, "seconds": time.time() - t0, "stopped": stopped,
+            "guard": None if first is None else {"step": first["step"], "reason": first["diverged"]}}
 
 
 def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RLConfig, params: dict, eval_seed: int,
                     names=None, steps_for: dict | None = None, log=sys.stderr, length_start=None) -> dict:
     """Run the catalogue runs `names` (default: all) from copies of `base`; the length pair (LENGTH_PAIR) from
     copies of `length_start` (required when the pair is among `names`). `params` holds the faults and length
-    sections. Returns {name: {"history", "state" (final parameters), "config", "bug", "steps", "seconds",
-    "stopped"}}."""
+    sections. Every run carries the divergence guard in "record" mode: whether and where it would have stopped the
+    run. Returns {name: {"history", "state" (final parameters), "config", "bug", "steps", "seconds", "stopped",
+    "guard"}}."""
     names = list(RUN_NAMES if names is None else names)
     unknown = [n for n in names if n not in RUN_NAMES]
     if unknown:
@@ -211,7 +215,7 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
         steps = run_steps(SPECS[name], params, steps_for)
         model = copy.deepcopy(length_start if name in LENGTH_PAIR else base)
         hooks = [HeldOutEval(eval_tasks, tok, cfg, steps, fcfg.eval_every, fcfg.eval_per_task, eval_seed),
-                 Progress(name, steps, log)]
+                 BundleGuard(None, cfg, SPECS[name].bug, mode="record"), Progress(name, steps, log)]
         out[name] = run_one(name, model, tok, train_tasks, cfg, steps, hooks)
         if log is not None:
             stopped = out[name]["stopped"]

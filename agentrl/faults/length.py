@@ -29,14 +29,16 @@ def length_start_config(base_cfg, lcfg):
     return replace(base_cfg, **{f"p_{k}": getattr(lcfg, f"p_{k}") for k in LENGTH_START_KNOBS})
 
 
-def length_pair_row(length_start, tok, train_tasks: list, base_cfg: RLConfig, params: dict, seed: int) -> dict:
+def length_pair_row(length_start, tok, train_tasks: list, base_cfg: RLConfig, params: dict, seed: int,
+                    hooks_for=lambda cfg: ()) -> dict:
     """The length pair (length_bias and its twin from copies of `length_start`, training only) at `seed`: the
     failed- and passed-episode length changes of both runs and whether the signature holds, measured exactly as
     the catalogue's own check does."""
     hist = {}
     for name in LENGTH_PAIR:
         cfg = replace(run_config(SPECS[name], base_cfg, params), seed=int(seed))
-        hist[name] = train(copy.deepcopy(length_start), train_tasks, tok, cfg, run_steps(SPECS[name], params))
+        hist[name] = train(copy.deepcopy(length_start), train_tasks, tok, cfg, run_steps(SPECS[name], params),
+                           hooks=hooks_for(cfg))
     f, t = hist["length_bias"], hist["length_twin"]
     k = _window(min(len(f), len(t)))
     row = {"seed": int(seed), "window": k, "steps": len(f)}

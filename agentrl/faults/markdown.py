@@ -58,7 +58,7 @@ def report_json(runs: dict, checks: dict, params: dict, base_cfg: RLConfig, eval
         "evaluation": {"tasks": [t.name for t in eval_tasks], "per_task": fcfg.eval_per_task,
                        "every": fcfg.eval_every, "seed": eval_seed, "reward": "hidden"},
         "runs": {name: {"bug": run["bug"], "overrides": {k: run["config"][k] for k in specs[name].overrides},
-                        "config": run["config"], "steps": run["steps"],
+                        "config": run["config"], "steps": run["steps"], "guard": run.get("guard"),
                         "stopped": run["stopped"], "summary": summarize(run), "history": run["history"]}
                  for name, run in runs.items()},
         "failures": {name: {"twin": FAILURES[name].twin, "metrics": list(FAILURES[name].metrics + FAILURES[name].secondary),
@@ -214,15 +214,18 @@ def render_markdown(runs: dict, checks: dict, fcfg, threads: int, eval_tasks: li
             L += [notes[name], ""]
         if name in figures:
             L += [f"![{name} vs {fail.twin}]({figures[name]})", ""]
-    L += ["## Runs", "", "| run | bug | config overrides | steps | train reward first → last | "
-          "held-out start → end |", "|---|---|---|---|---|---|"]
+    L += ["## Runs", "", "The divergence guard (docs/guards.md) watches every run here without stopping it: the last column "
+          "says where it would have stopped the run, and why.", "",
+          "| run | bug | config overrides | steps | train reward first → last | held-out start → end | guard |",
+          "|---|---|---|---|---|---|---|"]
     specs = {r.name: r for r in RUNS}
     for name, run in runs.items():
         s = summarize(run)
         ov = ", ".join(f"{k}={run['config'][k]}" for k in specs[name].overrides) or "—"
         L.append(f"| {name} | {run['bug'] or '—'} | {ov} | {s['steps_done']} | "
                  f"{_fmt(s['first'].get('reward'))} → {_fmt(s['last'].get('reward'))} | "
-                 f"{_fmt(s['heldout_start'])} → {_fmt(s['heldout_end'])} |")
+                 f"{_fmt(s['heldout_start'])} → {_fmt(s['heldout_end'])} | "
+                 + (f"step {run['guard']['step']}: {run['guard']['reason']}" if run.get("guard") else "—") + " |")
     return "\n".join(L) + "\n"
 
 

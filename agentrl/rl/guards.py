@@ -2,9 +2,11 @@
 
 `BundleGuard` is a trainer hook: it keeps what is needed to replay the current step (weights, optimizer and
 reference state, the prepared batch, the generator state before sampling) and writes it as a bundle when the
-update is non-finite (the loop then stops with the bundle's path in the error) or when the gradient norm spikes
-above `spike_factor` x its running median (the row records the bundle; training goes on). `replay_bundle`
-re-runs a saved step's update exactly.
+update is non-finite (the loop then stops with the bundle's path in the error), when the gradient norm spikes
+above `spike_factor` x its running median (the row records the bundle; training goes on), or when a step leaves
+the range every healthy run stays in (`LIMITS`, docs/guards.md): with mode "stop" the run ends with a one-line
+`Diverged` error naming the signal and the bundle; with mode "record" (the fault catalogue) the row records it and
+training goes on. `replay_bundle` re-runs a saved step's update exactly.
 """
 from __future__ import annotations
 
@@ -14,11 +16,39 @@ from pathlib import Path
 
 import torch
 
-from agentrl.config import RLConfig
+from agentrl.config import Diverged, RLConfig
 from agentrl.model.policy import ModelConfig, TinyAgent
 from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, TrainState, frozen_copy, make_optimizer, rl_update
 
 BATCH_KEYS = ("ids", "attention_mask", "owner", "action_mask", "sample_logp", "rewards", "group", "advantages")
+
+# Where a step is no longer healthy: each limit is an order of magnitude (or more) beyond the worst step of every
+# healthy run measured (the main run, the 12 ablation runs, the catalogue's healthy, kl, public and length-twin
+# runs; docs/guards.md has the table). name -> (what the row gives, the limit, the healthy worst).
+LIMITS = {
+    "approx_kl": ("approx_kl_max, the largest KL(old || new) over the step's minibatches", 0.1, 0.011),
+    "clip_frac": ("clip_frac_max, the largest clipped share of the step's minibatches", 0.5, 0.17),
+    "malformed_share": ("malformed calls per call (malformed / turns)", 0.6, 0.25),
+    "entropy_collapse": ("mean token entropy below 0.05 nats while the batch reward is below 0.5", 0.05, 0.0177),
+}
+
+
+def divergence(row: dict) -> str | None:
+    """The first healthy-range limit a dashboard row breaks, as one line, or None."""
+    if row.get("approx_kl_max", 0.0) > LIMITS["approx_kl"][1]:
+        return f"approx_kl_max {row['approx_kl_max']:.3g} > {LIMITS['approx_kl'][1]} (healthy runs stay below " \
+               f"{LIMITS['approx_kl'][2]})"
+    if row.get("clip_frac_max", 0.0) > LIMITS["clip_frac"][1]:
+        return f"clip_frac_max {row['clip_frac_max']:.3g} > {LIMITS['clip_frac'][1]} (healthy runs stay below " \
+               f"{LIMITS['clip_frac'][2]})"
+    share = row.get("malformed", 0.0) / max(row.get("turns", 1.0), 1e-9)
+    if share > LIMITS["malformed_share"][1]:
+        return f"malformed calls {share:.0%} of all calls > {LIMITS['malformed_share'][1]:.0%} (healthy runs stay " \
+               f"below {LIMITS['malformed_share'][2]:.0%})"
+    if row.get("entropy", 1.0) < LIMITS["entropy_collapse"][1] and row.get("reward", 1.0) < 0.5:
+        return f"entropy {row['entropy']:.3g} nats with batch reward {row['reward']:.3g}: collapsed before learning " \
+               f"(healthy runs reach entropy < {LIMITS['entropy_collapse'][1]} only with reward >= 0.5)"
+    return None
 
 
 def save_bundle(path, *, step: int, cfg: RLConfig, fault, model_state, optim_state, ref_state, batch: dict,
@@ -33,20 +63,27 @@ def save_bundle(path, *, step: int, cfg: RLConfig, fault, model_state, optim_sta
 
 
 class BundleGuard(Hook):
-    """Writes replay bundles under `bundle_dir` (step_NNNN.pt) on a non-finite update or a gradient spike."""
+    """Writes replay bundles under `bundle_dir` (step_NNNN.pt) on a non-finite update, a gradient spike or (mode
+    "stop" or "record") a divergence; mode "off" leaves divergence alone."""
 
-    def __init__(self, bundle_dir, cfg: RLConfig, fault: str | None = None, spike_factor: float = 3.0):
-        self.dir, self.cfg, self.fault, self.spike_factor = Path(bundle_dir), cfg, fault, spike_factor
+    def __init__(self, bundle_dir, cfg: RLConfig, fault: str | None = None, spike_factor: float = 3.0,
+                 mode: str = "stop"):
+        self.dir = None if bundle_dir is None else Path(bundle_dir)
+        self.cfg, self.fault, self.spike_factor, self.mode = cfg, fault, spike_factor, mode
         self.snapshot = None
 
     def before_step(self, step: int, state: TrainState) -> None:
+        if self.dir is None:
+            return
         ref = state.ref
         self.snapshot = {"generator_state": state.generator.get_state(),
                          "model_state": copy.deepcopy(state.model.state_dict()),
                          "optim_state": copy.deepcopy(state.optimizer.state_dict()),
                          "ref_state": None if ref is None or ref is state.model else copy.deepcopy(ref.state_dict())}
 
-    def _write(self, step: int, state: TrainState, reason: str, stats: dict) -> str:
+    def _write(self, step: int, state: TrainState, reason: str, stats: dict) -> str | None:
+        if self.dir is None:
+            return None
         return save_bundle(self.dir / f"step_{step:04d}.pt", step=step, cfg=self.cfg, fault=self.fault,
                            batch=state.batch, stats=stats, reason=reason, threads=torch.get_num_threads(),
                            model_cfg=state.model.cfg, **self.snapshot)
@@ -57,9 +94,17 @@ class BundleGuard(Hook):
     def on_row(self, step: int, state: TrainState, row: dict) -> None:
         norms = [h["grad_norm"] for h in state.history if "grad_norm" in h]
         update = state.update
-        if len(norms) >= 5 and update and update["grad_norm"] > self.spike_factor * statistics.median(norms):
+        if self.dir is not None and len(norms) >= 5 and update and update["grad_norm"] > self.spike_factor * statistics.median(norms):
             row["spike_bundle"] = self._write(
                 step, state, f"grad_norm {update['grad_norm']:.3g} > {self.spike_factor}x running median", update)
+        reason = divergence(row) if self.mode != "off" else None
+        if reason is None:
+            return
+        bundle = row.get("spike_bundle") or self._write(step, state, reason, update or {})
+        if self.mode == "record":
+            row["diverged"] = reason
+            return
+        raise Diverged(f"step {step}: training diverged: {reason}; stopped (replay bundle: {bundle})")
 
 
 def replay_bundle(path, seams_for=lambda fault: SEAMS) -> tuple[dict, dict]:

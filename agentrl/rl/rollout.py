@@ -145,6 +145,8 @@ def sample_groups(model, env_factory, tasks: list, tok, cfg, generator: torch.Ge
 
 def choose_tasks(tasks: list, n: int, generator: torch.Generator) -> list:
     """n distinct tasks (with repeats only when n exceeds the pool)."""
+    if not tasks:
+        raise ValueError("tasks: expected at least one task to sample from, got none")
     order = []
     while len(order) < n:
         order += torch.randperm(len(tasks), generator=generator).tolist()

@@ -15,7 +15,7 @@ from typing import Any
 
 from agentrl.tracking.provenance import ProvenanceError, work_root
 from agentrl.tracking.run import record_path
-from agentrl.tracking.store import StoreError, _sqlite_path, probe, tracking_uri
+from agentrl.tracking.store import _sqlite_path, probe, tracking_uri
 
 
 class AuditError(ValueError):
@@ -109,20 +109,19 @@ def _reasons(changes: list) -> list[str]:
 
 
 def fetch_run(run_id: str | None) -> dict:
-    """The MLflow run, read-only, after a probe with a short timeout; {'found': False, 'error': ...} otherwise."""
+    """The MLflow run, read-only, after a probe with a short timeout (StoreError if the store does not answer);
+    {'found': False, 'error': ...} when there is no record, no store yet, or no such run."""
     if not run_id:
         return {"found": False, "error": "no provenance record (run the stage)"}
     uri = tracking_uri()
     db = _sqlite_path(uri)
     if db is not None and not db.is_file():
         return {"found": False, "error": f"store not found: {db}"}
+    probe(uri)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
     try:
-        probe(uri)
         from agentrl.tracking.store import _client, _retry
         client = _client(uri)
         run = _retry(client.get_run, run_id)
-    except StoreError as exc:
-        return {"found": False, "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - report, don't crash the audit
         return {"found": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     return {"found": True, "run_id": run_id, "name": run.info.run_name, "status": run.info.status,
