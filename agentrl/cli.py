@@ -158,6 +158,13 @@ def cmd_study(args) -> int:
     return run_study(args)
 
 
+def cmd_deps(args) -> int:
+    from agentrl.tracking.closure import rewrite_dvc_yaml
+    changed = rewrite_dvc_yaml(".")
+    print("deps: dvc.yaml " + ("rewritten from the stages' import closures" if changed else "already current"))
+    return 0
+
+
 def cmd_compare_reports(args) -> int:
     from agentrl.report.numbers import main
     return main(args.snapshot, args.reports, args.moved)
@@ -189,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bundle-dir", default="data/train/bundles")
     s = sub.add_parser("study", help="summarize a study run outside the default pipeline")
     s.add_argument("name", choices=["length-bias"])
+    sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
     m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
     m.add_argument("--reports", default="reports")
@@ -199,5 +207,5 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
-             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports}
+             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps}
     return verbs[args.cmd](args)

@@ -1,0 +1,71 @@
+"""A stage script's code: the agentrl modules it imports, transitively (imports inside functions included), with the
+packages they live in. `python -m agentrl deps --write` rewrites the code entries of every stage's deps in dvc.yaml
+from it (data deps, params and outs are left as they are); tests/test_dvc_yaml.py checks the result independently."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+
+def _imports(path: Path, root: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
+            found.add(node.module)
+            for alias in node.names:
+                if (root / node.module.replace(".", "/") / f"{alias.name}.py").exists():
+                    found.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "agentrl"}
+    return found
+
+
+def _file(module: str, root: Path) -> str:
+    path = module.replace(".", "/")
+    return f"{path}.py" if (root / f"{path}.py").exists() else f"{path}/__init__.py"
+
+
+def code_closure(script: str, root: Path | str = ".") -> list[str]:
+    """The stage script and every agentrl file it needs, sorted (the script first)."""
+    root = Path(root)
+    files, todo = {"agentrl/__init__.py"}, [script]
+    while todo:
+        for module in _imports(root / todo.pop(), root):
+            f = _file(module, root)
+            parts = f.split("/")[:-1]
+            for g in {f} | {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1)}:
+                if g not in files and (root / g).exists():
+                    files.add(g)
+                    todo.append(g)
+    return [script] + sorted(files)
+
+
+def rewrite_dvc_yaml(root: Path | str = ".") -> list[str]:
+    """Replace the .py entries of each stage's deps in dvc.yaml with its code closure; returns changed stages."""
+    root = Path(root)
+    text = (root / "dvc.yaml").read_text()
+    changed = []
+    out, stage, in_deps = [], None, False
+    for line in text.splitlines():
+        m = re.match(r"^  (\w+):\s*$", line)
+        if m:
+            stage, in_deps = m.group(1), False
+        if stage and line.strip() == "deps:" and line.startswith("    deps"):
+            in_deps = True
+            out.append(line)
+            closure = code_closure(f"stages/{stage}.py", root)
+            out += [f"    - {f}" for f in closure]
+            continue
+        if in_deps:
+            if line.startswith("    - "):
+                if line.strip()[2:].endswith(".py"):
+                    continue
+            else:
+                in_deps = False
+        out.append(line)
+    new = "\n".join(out) + "\n"
+    if new != text:
+        changed = ["dvc.yaml"]
+        (root / "dvc.yaml").write_text(new)
+    return changed
