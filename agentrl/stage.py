@@ -50,8 +50,8 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
             raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
     except UserError as exc:
         fail(str(exc))
-    import torch
     if numeric:
+        import torch
         torch.set_num_threads(params["run"].threads)
     from agentrl.tracking.provenance import ProvenanceError
     from agentrl.tracking.run import stage_run

@@ -4,7 +4,8 @@ from agentrl.artifacts import REPORTS, read_json, write_json, write_metrics
 from agentrl.eval.selection import checkpoint_rows, choose
 from agentrl.stage import run_stage
 
-SECTIONS = ["select"]
+SECTIONS = ["run", "select"]
+READS = {"run": ["seed"]}   # bootstrap seeds; no tensor work, so no thread count
 INPUTS = [REPORTS / "train.json"]
 
 
@@ -25,4 +26,4 @@ def body(ctx):
 
 
 if __name__ == "__main__":
-    run_stage("select", SECTIONS, INPUTS, body)
+    run_stage("select", SECTIONS, INPUTS, body, numeric=False, only=READS)

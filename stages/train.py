@@ -52,6 +52,8 @@ def body(ctx):
         gen.set_state(extra["generator"])
         history, validation, start = list(extra["history"]), list(extra["validation"]), extra["step"]
         print(f"train: resuming from checkpoint step {start}", file=sys.stderr)
+        for v in validation:   # this run holds every validation point, not only those after the resume
+            ctx.run.log_metrics({"validation_pass": v["pass_rate"]}, v["step"])
     before = read_resume(key)
     clock = ResumeClock(key, before.get("seconds", 0.0), before.get("runs", []) + [ctx.run.run_id])
     ctx.run.previous_seconds = clock.seconds

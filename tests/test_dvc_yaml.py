@@ -90,8 +90,9 @@ def test_params_are_keys_the_stage_reads_and_threads_feed_every_numeric_stage():
                 assert key[0] in reads[section], (name, p, "declared but not read")
         for section, keys in reads.items():   # every key a stage reads is declared (so DVC reruns it)
             assert {f"{section}.{k}" for k in keys} <= declared or section in declared, (name, section)
-        numeric = name != "tasks"
-        assert numeric == any(p in ("run", "run.threads") for p in stage["params"]), name
+        numeric = "numeric=False" not in (REPO / "stages" / f"{name}.py").read_text()
+        if numeric:   # a stage with tensor work reruns when the thread count changes
+            assert any(p in ("run", "run.threads") for p in stage["params"]), name
 
 
 def test_reports_are_uncached_and_persist_and_no_store_inside_outputs():

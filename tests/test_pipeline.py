@@ -172,12 +172,24 @@ def test_thread_count_is_a_param_of_exactly_the_numeric_stages(mini):
         (repo / "params.yaml").write_text(original)
 
 
-def test_adding_a_seed_runs_only_the_new_instances(mini):
+PLOTS = {"training_reward", "validation_pass", "heldout_per_arm", "entropy", "approx_kl", "zero_adv_share",
+         "logp_gap", "reads"}
+
+
+def test_adding_a_seed_runs_only_the_new_instances_and_plots_compare_by_name(mini):
     repo = mini["repo"]
+    shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)
+    assert PLOTS <= set(shown)
     out = run([str(BIN / "dvc"), "exp", "run", "-S", "ablate.seeds=[0,1,2]"], repo)
     assert stages_run(out.stdout) == {"ablate@default-2", "ablate@public-2", "ablate_summary", "report"}
     summary = json.loads((repo / "reports" / "ablation.json").read_text())
     assert summary["seeds"] == [0, 1, 2]
+    exp = run([str(BIN / "dvc"), "exp", "list", "--name-only"], repo).stdout.split()[-1]
+    diff = json.loads(run([str(BIN / "dvc"), "plots", "diff", exp, "--json"], repo).stdout)
+    assert len(PLOTS & set(diff)) >= 4, sorted(diff)
+    columns = run([str(BIN / "dvc"), "exp", "show", "--csv"], repo).stdout.splitlines()[0].split(",")
+    metrics = [c for c in columns if c.startswith("reports/metrics/") or ":" in c]
+    print(f"dvc exp show: {len(columns)} columns ({len(metrics)} metrics)")
     run("git checkout -q -- . && git clean -qfd reports", repo)
     run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
 
@@ -278,6 +290,21 @@ def test_train_resumes_bit_identically_after_sigkill(mini, tmp_path):
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert a["extra"]["history"] == b["extra"]["history"]
     assert (work / "reports" / "train_dashboard.json").read_text() == ref_history
+    # the killed run is closed as KILLED by the resumed one, which links to it, holds every validation point
+    # and accounts for the wall time of both segments
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/resume.db")
+    exp = client.get_experiment_by_name("agentrl")
+    runs = {r.info.run_id: r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "train"}
+    statuses = sorted(r.info.status for r in runs.values())
+    assert statuses == ["FINISHED", "FINISHED", "KILLED"], statuses
+    record = json.loads((work / "reports" / "provenance" / "train.json").read_text())
+    last = runs[record["mlflow"]["run_id"]]
+    killed = [i for i, r in runs.items() if r.info.status == "KILLED"]
+    assert killed[0] in record["mlflow"]["continues"] and killed[0] in last.data.tags["continues"]
+    points = client.get_metric_history(last.info.run_id, "validation_pass")
+    assert sorted(m.step for m in points) == [0, 2, 4, 6]
+    assert record["wall_seconds"] > record["this_run_seconds"]
 
 
 @pytest.mark.parametrize("section,key,value,fragment", [
@@ -301,6 +328,38 @@ def test_bad_params_fail_before_any_output(mini, tmp_path, section, key, value, 
     assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], out.stderr
     assert not (work / "data").exists() and not (work / "reports").exists()
     assert not (tmp_path / "bad.db").exists()
+
+
+def test_a_bad_param_under_dvc_repro_keeps_the_reports(mini, tmp_path):
+    """DVC deletes a stage's outputs before running it; the uncached reports persist, so a stage that fails on a
+    bad param leaves the committed reports as they were."""
+    work = tmp_path / "keep"
+    shutil.copytree(mini["repo"], work, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    before = {p: (work / p).read_bytes() for p in ("reports/test.json", "reports/metrics/test.json")}
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["test"]["n_boot"] = 5
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = clone_env() | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/keep.db"}
+    out = run([str(BIN / "dvc"), "repro", "test"], work, check=False, env=env)
+    assert out.returncode != 0 and "test.n_boot" in out.stderr + out.stdout
+    assert {p: (work / p).read_bytes() for p in before} == before
+
+
+def test_a_diverging_run_stops_with_one_line(mini, tmp_path):
+    work = tmp_path / "diverge"
+    shutil.copytree(mini["repo"], work, ignore=shutil.ignore_patterns(".dvc", "mlflow.db", "mlartifacts"))
+    write_params(work, SHORT | {"rl": {"lr": 10000.0}})
+    env = clone_env() | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/diverge.db"}
+    out = run([sys.executable, "-m", "stages.train"], work, check=False, env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1].startswith("error: step 0: training diverged"), out.stderr[-2000:]
+    bundle = lines[-1].rsplit("replay bundle: ", 1)[1].rstrip(")")
+    replay = run([sys.executable, "-m", "agentrl", "replay", bundle], work, env=env)
+    assert "identical statistics" in replay.stdout
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/diverge.db")
+    exp = client.get_experiment_by_name("agentrl")
+    assert [r.info.status for r in client.search_runs([exp.experiment_id])] == ["FAILED"]
 
 
 def test_truncated_checkpoint_gives_a_clear_error(mini, tmp_path):

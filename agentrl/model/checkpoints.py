@@ -38,7 +38,8 @@ def read_checkpoint(path) -> dict:
         raise CheckpointError(f"checkpoint {path}: unreadable or corrupted ({type(exc).__name__}); "
                               "re-run the stage that writes it") from None
     if not isinstance(payload, dict) or not {"config", "tokenizer_hash", "state_dict"} <= set(payload):
-        raise CheckpointError(f"checkpoint {path}: not an agentrl checkpoint (missing config/tokenizer_hash/state_dict)")
+        raise CheckpointError(f"checkpoint {path}: not an agentrl checkpoint (missing config, tokenizer_hash or "
+                              "state_dict)")
     return payload
 
 
@@ -55,11 +56,16 @@ def load_policy(path, tokenizer_hash: str, expect_config: ModelConfig | None = N
     if expect_config is not None and cfg != expect_config:
         raise CheckpointError(f"checkpoint {path}: model config {cfg.to_dict()} does not match params "
                               f"{expect_config.to_dict()}")
+    bad = [k for k, v in payload["state_dict"].items() if torch.is_tensor(v) and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"checkpoint {path}: non-finite weights in {bad[0]} ({len(bad)} tensors); the stage "
+                              "that wrote it diverged: re-run it (check its params)")
     model = TinyAgent(cfg)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint {path}: weights do not fit the model config ({str(exc).splitlines()[0]})") from None
+        raise CheckpointError(f"checkpoint {path}: weights do not fit the model config "
+                              f"({str(exc).splitlines()[0]})") from None
     return model, payload.get("extra", {})
 
 
