@@ -11,12 +11,17 @@ so its kernels see exactly the shapes they always saw.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 MIN_ROWS = 32
 
 
 def rowwise(fn, x: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """fn (a row-wise matmul) of x [M, D], computed on at least `min_rows` rows (zero rows added, then dropped)."""
+    """fn (a linear layer, or any row-wise matmul) of x [M, D], computed on at least `min_rows` rows (zero rows
+    added, then dropped)."""
+    if isinstance(fn, torch.nn.Linear):  # the layer's own F.linear call, without the module call around it
+        layer = fn
+        fn = lambda h: F.linear(h, layer.weight, layer.bias)  # noqa: E731
     M = x.shape[0]
     if M >= min_rows:
         return fn(x)

@@ -74,16 +74,13 @@ class Attention(nn.Module):
         """x [M, D] at the chunk's computed slots: writes their keys and values into this layer's cache
         [B, H, capacity, Dh], attends from them to every visible slot, returns [M, D]."""
         M, D = x.shape
-        H = self.n_head
         q, k, v = chunk.rows(self.qkv, x).split(D, dim=1)
-        q, k, v = (t.view(M, H, D // H) for t in (q, k, v))
+        q, k, v = (t.view(M, self.n_head, D // self.n_head) for t in (q, k, v))
         keys[chunk.row, :, chunk.slot] = k
         values[chunk.row, :, chunk.slot] = v
-        queries = x.new_zeros(chunk.n_query_rows, chunk.width, H, D // H)
-        queries[chunk.query_row, chunk.col] = q
-        y = F.scaled_dot_product_attention(queries.transpose(1, 2), chunk.visible(keys), chunk.visible(values),
+        y = F.scaled_dot_product_attention(chunk.queries(q), chunk.visible(keys), chunk.visible(values),
                                            attn_mask=chunk.mask)
-        return chunk.rows(self.proj, y.transpose(1, 2)[chunk.query_row, chunk.col].reshape(M, D))
+        return chunk.rows(self.proj, chunk.outputs(y))
 
 
 class Block(nn.Module):
@@ -107,8 +104,13 @@ class Block(nn.Module):
         return x + self.mlp_rows(x, min_rows)
 
     def cached(self, x, chunk: Chunk, keys, values):
-        x = x + self.attn.cached(self.ln1(x), chunk, keys, values)
-        return x + self.mlp_rows(x, chunk.min_rows)
+        # the modules' own functional calls, without the module calls around them (the sampler's per-token cost)
+        D = x.shape[1]
+        x = x + self.attn.cached(F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps), chunk,
+                                 keys, values)
+        up, _, down = self.mlp
+        h = F.layer_norm(x, (D,), self.ln2.weight, self.ln2.bias, self.ln2.eps)
+        return x + chunk.rows(down, F.gelu(chunk.rows(up, h)))
 
 
 class TinyAgent(nn.Module):
@@ -167,15 +169,16 @@ class TinyAgent(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
 
-    def forward_cached(self, ids, pos, valid, cache: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_cached(self, ids, pos, valid, cache: KVCache, last: bool = False) -> torch.Tensor:
         """ids, pos, valid [B, L]: one chunk of slots, appended to the cache. Returns the logits of every slot
-        [B, L, V]; or, given `out` (flat indices row * L + col of valid slots), only those [len(out), V], and then
-        only the valid slots are computed."""
+        [B, L, V]; or, with `last`, only those after each row's last valid slot, for the rows that have one
+        [rows, V], and then only the valid slots are computed."""
         B, L = ids.shape
-        chunk = Chunk(valid, cache, cache.append(valid), packed=out is not None)
-        x = self.tok_emb(ids.reshape(-1)[chunk.computed]) + self.pos_table[pos.reshape(-1)[chunk.computed]]
-        for block, keys, values in zip(self.blocks, cache.keys, cache.values):
-            x = block.cached(x, chunk, keys, values)
-        if out is None:
+        chunk = Chunk(valid, cache, cache.append(valid), packed=last)
+        x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
+            self.pos_table[pos.reshape(-1)[chunk.computed]]
+        for i, block in enumerate(self.blocks):
+            x = block.cached(x, chunk, *cache.layer(i))
+        if not last:
             return chunk.rows(self._logits, x).view(B, L, -1)
-        return chunk.rows(self._logits, x[chunk.position(out)])
+        return chunk.rows(self._logits, x if L == 1 else x[chunk.last])

@@ -94,8 +94,7 @@ def _sample_calls(model, cache, last_logits: torch.Tensor, lengths: torch.Tensor
         token_logp[rows, k] = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
         step_ids = torch.full((n, 1), pad_id, dtype=torch.long)
         step_ids[rows, 0] = token
-        last_logits[rows] = model.forward_cached(step_ids, lengths[:, None].clone(), in_call[:, None], cache,
-                                                 out=rows)
+        last_logits[rows] = model.forward_cached(step_ids, lengths[:, None], in_call[:, None], cache, last=True)
         lengths += in_call
         call_len += in_call
         in_call[rows] = token != end_call
@@ -110,8 +109,7 @@ def _append(model, cache, chunks: list[list[int]], lengths: torch.Tensor, pad_id
     L = int(n.max())
     offs = torch.arange(L)[None]
     pos = (lengths[:, None] + offs).clamp(max=model.cfg.max_len - 1)
-    last = torch.arange(len(chunks)) * L + n - 1
-    logits = model.forward_cached(pad_rows(chunks, pad_id, L), pos, offs < n[:, None], cache, out=last)
+    logits = model.forward_cached(pad_rows(chunks, pad_id, L), pos, offs < n[:, None], cache, last=True)
     lengths += n
     return logits
 

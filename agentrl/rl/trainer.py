@@ -46,7 +46,7 @@ def env_factory_for(cfg: RLConfig):
 
 
 def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)  # one kernel per op for all tensors; same numbers
 
 
 def frozen_copy(model) -> torch.nn.Module:
