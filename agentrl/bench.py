@@ -1,4 +1,9 @@
-"""`python -m agentrl bench`: measured speed of one training step (64 episodes sampled + one update)."""
+"""`python -m agentrl bench`: measured speed of one training step (64 episodes sampled + one update) at each
+thread count, and the KV-cache sampler against a full-recompute baseline on the same episodes.
+
+Absolute times depend on the machine and on what else it runs; the ratios measured in the same run (sampler
+against baseline, 2 threads against 1) mean the same on any machine.
+"""
 from __future__ import annotations
 
 import copy
@@ -34,15 +39,101 @@ def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
             "tokens_per_step": statistics.median(tokens)}
 
 
+def full_recompute_episodes(model, envs: list, tok, generator, temperature: float = 1.0,
+                            max_call_tokens: int = 5) -> list:
+    """The baseline sampler: the same turn loop and the same draws as rollout.sample_episodes, but no KV cache:
+    every token is one full forward over the whole prefix of every episode still in its call."""
+    import torch
+    import torch.nn.functional as F
+    from agentrl.env.gym import END_CALL
+    from agentrl.rl.rollout import OWNER, Trajectory, pad_rows
+    ids = [tok.encode(env.reset()) for env in envs]
+    owner = [[OWNER["prompt"]] * len(r) for r in ids]
+    logp = [[0.0] * len(r) for r in ids]
+    end_call = tok.id(END_CALL)
+    alive = list(range(len(envs)))
+    with torch.inference_mode():
+        while alive:
+            calls = {r: [] for r in alive}
+            in_call = list(alive)
+            for _ in range(max_call_tokens):
+                if not in_call:
+                    break
+                lengths = torch.tensor([len(ids[r]) for r in in_call])
+                logits = model(pad_rows([ids[r] for r in in_call], tok.pad_id))
+                scaled = logits[torch.arange(len(in_call)), lengths - 1] / temperature
+                token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
+                token_logp = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+                for r, t, lp in zip(in_call, token.tolist(), token_logp.tolist()):
+                    calls[r].append(t)
+                    ids[r].append(t)
+                    owner[r].append(OWNER["policy"])
+                    logp[r].append(lp)
+                in_call = [r for r, t in zip(in_call, token.tolist()) if t != end_call]
+            going = []
+            for r in alive:
+                obs = envs[r].step([tok.vocab[t] for t in calls[r]])
+                if obs is not None:
+                    reply = tok.encode(obs)
+                    ids[r] += reply
+                    owner[r] += [OWNER["env"]] * len(reply)
+                    logp[r] += [0.0] * len(reply)
+                    going.append(r)
+            alive = going
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
+
+
+def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict:
+    """The KV-cache sampler and the full-recompute baseline on the same batches: each repeat draws one step's
+    tasks and names, then both samplers play copies of those episodes from the same generator state, in
+    alternating order. Returns median seconds of each, their ratio, and the share of episodes both played alike."""
+    import torch
+    from agentrl.rl.rollout import choose_tasks, sample_episodes
+    from agentrl.rl.trainer import env_factory_for
+    torch.set_num_threads(threads)
+    factory = env_factory_for(cfg)
+    samplers = {"cached": sample_episodes, "full": full_recompute_episodes}
+    times = {name: [] for name in samplers}
+    alike = []
+    for i in range(repeats + 1):
+        gen = torch.Generator().manual_seed(i)
+        envs = [factory(task, gen) for task in choose_tasks(tasks, cfg.tasks_per_step, gen)
+                for _ in range(cfg.group_size)]
+        state = gen.get_state()
+        played = {}
+        for name in (("cached", "full") if i % 2 else ("full", "cached")):
+            gen.set_state(state)
+            t0 = time.perf_counter()
+            played[name] = samplers[name](model, copy.deepcopy(envs), tok, gen, cfg.temperature,
+                                          cfg.max_call_tokens)
+            if i:  # the first repeat warms up
+                times[name].append(time.perf_counter() - t0)
+        alike += [a.ids == b.ids for a, b in zip(played["cached"], played["full"])]
+    cached, full = statistics.median(times["cached"]), statistics.median(times["full"])
+    return {"threads": threads, "cached_s": cached, "full_s": full, "speedup": full / cached,
+            "same_episodes": sum(alike) / len(alike)}
+
+
 def run_bench(args, model, source: str, tok) -> int:
     from agentrl.config import RLConfig
     from agentrl.env.tasks import make_tasks
     cfg = RLConfig()
+    tasks = make_tasks("train")
     print(f"bench: TinyAgent {model.num_params():,} parameters ({source}); one step = "
           f"{cfg.group_size * cfg.tasks_per_step} episodes sampled + one update; median of {args.steps} steps")
+    steps = {}
     for threads in args.threads:
-        r = time_steps(model, tok, make_tasks("train"), cfg, args.steps, threads)
+        r = steps[threads] = time_steps(model, tok, tasks, cfg, args.steps, threads)
         print(f"  threads {threads}: step {r['step_s']:.3f} s  (sampling {r['sample_s']:.3f} s, update "
               f"{r['update_s']:.3f} s)  {r['episodes_per_s']:.0f} sampled episodes/s  "
               f"{r['tokens_per_step']:.0f} tokens/step")
+    if len(steps) > 1:
+        lo, hi = min(steps), max(steps)
+        print(f"  {hi} threads against {lo}: step time x{steps[hi]['step_s'] / steps[lo]['step_s']:.2f}")
+    print(f"sampler: KV cache against a full recompute of every prefix at every token, on the same "
+          f"{cfg.group_size * cfg.tasks_per_step} episodes (median of {args.steps})")
+    for threads in args.threads:
+        c = compare_samplers(model, tok, tasks, cfg, args.steps, threads)
+        print(f"  threads {threads}: KV cache {c['cached_s']:.3f} s, full recompute {c['full_s']:.3f} s: "
+              f"{c['speedup']:.1f}x faster  ({c['same_episodes']:.0%} of episodes token-identical)")
     return 0

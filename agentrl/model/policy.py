@@ -2,10 +2,11 @@
 
 Two ways to run it:
 - `forward(ids)`: the trainer's full causal pass over right-padded rows, ids [B, T] -> logits [B, T, V].
-- `forward_cached(ids, pos, valid, cache)`: the sampler's incremental pass. The cache is laid out in *slots*
-  shared by all rows; a row with nothing to add at a slot writes an invalid (masked) slot, so episodes at
-  different points of their turn structure advance together. Attention sees only valid earlier slots, and
-  `pos` is each token's position in its own row, so the result equals the full pass on the compact row.
+- `forward_cached(ids, pos, valid, cache, out)`: the sampler's incremental pass over one chunk of *slots* of a
+  `KVCache` (agentrl.model.cache): slots are shared by all rows and a row with nothing to add at a slot leaves it
+  invalid (masked), so episodes at different points of their turn structure advance together. Attention sees
+  only valid earlier slots, and `pos` is each token's position in its own row, so the result equals the full pass
+  on the compact row. With `out`, only the valid slots are computed (bit-identical at those slots).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
+from agentrl.model.cache import Chunk, KVCache
+from agentrl.model.packing import MIN_ROWS, real_positions, rowwise
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -49,21 +51,36 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x, mask=None, cache=None):
-        """x [B, L, D]; mask [B, 1, L, S] bool (None = causal over L); cache: dict with k, v [B, H, S0, Dh]."""
-        B, L, D = x.shape
+    def forward(self, x):
+        """Causal self-attention over x [B, T, D]."""
+        B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (t.view(B, L, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if cache is not None:
-            if "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(B, L, D))
+        q, k, v = (t.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def packed(self, x, real: torch.Tensor, B: int, T: int, min_rows: int):
+        """Causal self-attention of the real tokens x [N, D] (flat positions `real` of [B, T]) on the padded
+        layout, zeros at the padding."""
+        D = x.shape[1]
+        qkv = x.new_zeros(B * T, 3 * D)
+        qkv[real] = rowwise(self.qkv, x, min_rows)
+        q, k, v = qkv.view(B, T, 3 * D).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return rowwise(self.proj, y.transpose(1, 2).reshape(B * T, D)[real], min_rows)
+
+    def cached(self, x, chunk: Chunk, keys: torch.Tensor, values: torch.Tensor):
+        """x [M, D] at the chunk's computed slots: writes their keys and values into this layer's cache
+        [B, H, capacity, Dh], attends from them to every visible slot, returns [M, D]."""
+        M, D = x.shape
+        q, k, v = chunk.rows(self.qkv, x).split(D, dim=1)
+        q, k, v = (t.view(M, self.n_head, D // self.n_head) for t in (q, k, v))
+        keys[chunk.row, :, chunk.slot] = k
+        values[chunk.row, :, chunk.slot] = v
+        y = F.scaled_dot_product_attention(chunk.queries(q), chunk.visible(keys), chunk.visible(values),
+                                           attn_mask=chunk.mask)
+        return chunk.rows(self.proj, chunk.outputs(y))
 
 
 class Block(nn.Module):
@@ -74,9 +91,26 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
 
-    def forward(self, x, mask=None, cache=None):
-        x = x + self.attn(self.ln1(x), mask, cache)
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+    def mlp_rows(self, x, min_rows: int):
+        up, act, down = self.mlp
+        return rowwise(down, act(rowwise(up, self.ln2(x), min_rows)), min_rows)
+
+    def packed(self, x, real: torch.Tensor, B: int, T: int, min_rows: int):
+        x = x + self.attn.packed(self.ln1(x), real, B, T, min_rows)
+        return x + self.mlp_rows(x, min_rows)
+
+    def cached(self, x, chunk: Chunk, keys, values):
+        # the modules' own functional calls, without the module calls around them (the sampler's per-token cost)
+        D = x.shape[1]
+        x = x + self.attn.cached(F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps), chunk,
+                                 keys, values)
+        up, _, down = self.mlp
+        h = F.layer_norm(x, (D,), self.ln2.weight, self.ln2.bias, self.ln2.eps)
+        return x + chunk.rows(down, F.gelu(chunk.rows(up, h)))
 
 
 class TinyAgent(nn.Module):
@@ -118,27 +152,33 @@ class TinyAgent(nn.Module):
             x = block(x)
         return self._logits(x)
 
-    def new_cache(self) -> dict:
-        return {"layers": [{} for _ in self.blocks], "valid": None}
+    def forward_packed(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """ids [B, T], lengths [B] -> logits [N, V] at each row's first lengths[b] positions (row-major, N =
+        lengths.sum()), computing nothing else; bit-identical to forward(ids) there (agentrl.model.packing). No
+        gradient: the parameter gradients would sum over other rows than the dense pass's."""
+        if torch.is_grad_enabled():
+            raise RuntimeError("forward_packed is a no-grad pass (use forward for training)")
+        B, T = ids.shape
+        real = real_positions(lengths, T)
+        min_rows = min(B * T, MIN_ROWS)
+        x = self.tok_emb(ids.reshape(-1)[real]) + self.pos_table[real % T]
+        for block in self.blocks:
+            x = block.packed(x, real, B, T, min_rows)
+        return rowwise(self._logits, x, min_rows)
 
-    def forward_cached(self, ids, pos, valid, cache) -> torch.Tensor:
-        """ids, pos, valid [B, L] (one chunk of slots) -> logits [B, L, V]; appends the chunk to the cache."""
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
+
+    def forward_cached(self, ids, pos, valid, cache: KVCache, last: bool = False) -> torch.Tensor:
+        """ids, pos, valid [B, L]: one chunk of slots, appended to the cache. Returns the logits of every slot
+        [B, L, V]; or, with `last`, only those after each row's last valid slot, for the rows that have one
+        [rows, V], and then only the valid slots are computed."""
         B, L = ids.shape
-        prev = cache["valid"]
-        all_valid = valid if prev is None else torch.cat([prev, valid], dim=1)  # [B, S]
-        cache["valid"] = all_valid
-        S = all_valid.shape[1]
-        causal = torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L)  # slot j visible to chunk query i
-        mask = causal[None] & all_valid[:, None, :]
-        # an invalid (padding) query still needs one visible key to keep softmax finite; its output is unused
-        mask = mask | (_eye_offset(L, S, S - L)[None] & ~valid[:, :, None])
-        x = self.tok_emb(ids) + self.pos_table[pos]
-        for block, layer_cache in zip(self.blocks, cache["layers"]):
-            x = block(x, mask[:, None], layer_cache)
-        return self._logits(x)
-
-
-def _eye_offset(L: int, S: int, offset: int) -> torch.Tensor:
-    m = torch.zeros(L, S, dtype=torch.bool)
-    m[torch.arange(L), torch.arange(L) + offset] = True
-    return m
+        chunk = Chunk(valid, cache, cache.append(valid), packed=last)
+        x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
+            self.pos_table[pos.reshape(-1)[chunk.computed]]
+        for i, block in enumerate(self.blocks):
+            x = block.cached(x, chunk, *cache.layer(i))
+        if not last:
+            return chunk.rows(self._logits, x).view(B, L, -1)
+        return chunk.rows(self._logits, x if L == 1 else x[chunk.last])

@@ -38,71 +38,80 @@ class Trajectory:
 @torch.inference_mode()
 def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperature: float = 1.0,
                     max_call_tokens: int = 5) -> list[Trajectory]:
-    """Play every env to the end with one batched, KV-cached sampler. Rows advance turn by turn together."""
-    B = len(envs)
+    """Play every env to the end with one batched, KV-cached sampler. Rows advance turn by turn together: each
+    token is one forward over the rows still in their call, each round of environment replies one forward over
+    the rows that got one, and a row whose episode ended leaves the cache."""
     ids = [tok.encode(env.reset()) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
-    end_call = tok.id(END_CALL)
     cache = model.new_cache()
-    lengths = torch.zeros(B, dtype=torch.long)
-    last_logits = _prefill(model, cache, ids, lengths, tok.pad_id)
-    active = [True] * B
-    while any(active):
-        # 1. every active row generates one call, token by token
-        in_call = torch.tensor(active)
-        calls: list[list[int]] = [[] for _ in range(B)]
-        for _ in range(max_call_tokens):
-            rows = in_call.nonzero().squeeze(1)
-            if rows.numel() == 0:
-                break
-            scaled = last_logits[rows] / temperature
-            token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
-            token_logp = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
-            step_ids = torch.full((B, 1), tok.pad_id, dtype=torch.long)
-            step_ids[rows, 0] = token
-            for r, t, lp in zip(rows.tolist(), token.tolist(), token_logp.tolist()):
-                calls[r].append(t)
-                ids[r].append(t)
-                owner[r].append(OWNER["policy"])
-                logp[r].append(lp)
-            logits = model.forward_cached(step_ids, lengths[:, None].clone(), in_call[:, None], cache)
-            lengths += in_call.long()
-            last_logits[rows] = logits[rows, 0]
-            in_call[rows] = token != end_call
-        # 2. the environment answers (or the episode ends on the policy's own last token)
-        obs_ids: list[list[int]] = [[] for _ in range(B)]
-        for r in range(B):
-            if not active[r]:
-                continue
-            obs = envs[r].step([tok.vocab[t] for t in calls[r]])
-            if obs is None:
-                active[r] = False
-            else:
-                obs_ids[r] = tok.encode(obs)
-                ids[r] += obs_ids[r]
-                owner[r] += [OWNER["env"]] * len(obs_ids[r])
-                logp[r] += [0.0] * len(obs_ids[r])
-        if any(active):
-            new_last = _prefill(model, cache, obs_ids, lengths, tok.pad_id)
-            for r in range(B):
-                if obs_ids[r]:
-                    last_logits[r] = new_last[r]
-    return [Trajectory(ids[r], owner[r], logp[r][1:], envs[r].reward, envs[r].info) for r in range(B)]
+    alive = list(range(len(envs)))                     # the episode of each cache row
+    lengths = torch.zeros(len(envs), dtype=torch.long)  # tokens in each cache row
+    last_logits = _append(model, cache, ids, lengths, tok.pad_id)
+    while alive:
+        calls, call_logp = _sample_calls(model, cache, last_logits, lengths, generator, temperature,
+                                         max_call_tokens, tok.id(END_CALL), tok.pad_id)
+        replies, going = [], []
+        for i, r in enumerate(alive):
+            ids[r] += calls[i]
+            owner[r] += [OWNER["policy"]] * len(calls[i])
+            logp[r] += call_logp[i]
+            obs = envs[r].step([tok.vocab[t] for t in calls[i]])
+            if obs is not None:  # otherwise the episode ended on the policy's own last token
+                reply = tok.encode(obs)
+                ids[r] += reply
+                owner[r] += [OWNER["env"]] * len(reply)
+                logp[r] += [0.0] * len(reply)
+                replies.append(reply)
+                going.append(i)
+        if not going:
+            break
+        if len(going) < len(alive):
+            rows = torch.tensor(going)
+            cache.keep(rows)
+            lengths, alive = lengths[rows], [alive[i] for i in going]
+        last_logits = _append(model, cache, replies, lengths, tok.pad_id)
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
 
 
-def _prefill(model, cache, chunks: list[list[int]], lengths: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Feed one chunk of tokens per row (rows may be empty) -> logits after each row's last token [B, V]."""
-    B = len(chunks)
+def _sample_calls(model, cache, last_logits: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator,
+                  temperature: float, max_call_tokens: int, end_call: int, pad_id: int):
+    """Every cache row generates one call, token by token: one draw and one cached forward per token over the rows
+    still in their call. Updates last_logits and lengths in place; returns the calls' ids and the sampler's
+    log-probs, one list per row."""
+    n = last_logits.shape[0]
+    tokens = torch.full((n, max_call_tokens), pad_id, dtype=torch.long)
+    token_logp = torch.zeros(n, max_call_tokens)
+    in_call = torch.ones(n, dtype=torch.bool)
+    call_len = torch.zeros(n, dtype=torch.long)
+    for k in range(max_call_tokens):
+        rows = in_call.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            break
+        scaled = last_logits[rows] / temperature
+        token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
+        tokens[rows, k] = token
+        token_logp[rows, k] = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+        step_ids = torch.full((n, 1), pad_id, dtype=torch.long)
+        step_ids[rows, 0] = token
+        last_logits[rows] = model.forward_cached(step_ids, lengths[:, None], in_call[:, None], cache, last=True)
+        lengths += in_call
+        call_len += in_call
+        in_call[rows] = token != end_call
+    counts = call_len.tolist()
+    return ([row[:c] for row, c in zip(tokens.tolist(), counts)],
+            [row[:c] for row, c in zip(token_logp.tolist(), counts)])
+
+
+def _append(model, cache, chunks: list[list[int]], lengths: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Feed one non-empty chunk of tokens per cache row -> logits after each row's last token [B, V]."""
     n = torch.tensor([len(c) for c in chunks])
-    L = max(int(n.max()), 1)
-    chunk = pad_rows(chunks, pad_id, L)
+    L = int(n.max())
     offs = torch.arange(L)[None]
-    valid = offs < n[:, None]
     pos = (lengths[:, None] + offs).clamp(max=model.cfg.max_len - 1)
-    logits = model.forward_cached(chunk, pos, valid, cache)
+    logits = model.forward_cached(pad_rows(chunks, pad_id, L), pos, offs < n[:, None], cache, last=True)
     lengths += n
-    return logits[torch.arange(B), (n - 1).clamp(min=0)].clone()
+    return logits
 
 
 def pad_rows(rows: list[list], pad_value, width: int | None = None, dtype=torch.long) -> torch.Tensor:

@@ -27,6 +27,7 @@ from agentrl.env.gym import make_env_factory
 from agentrl.rl.dashboard import batch_hash, dashboard_row
 from agentrl.rl.objectives import (aggregate_loss, compute_advantages, entropy_bonus, entropy_from_logits,
                                    kl_penalty, masked_mean, policy_loss, selected_log_probs)
+from agentrl.model.packing import real_positions
 from agentrl.rl.rollout import Trajectory, collate, sample_step
 from agentrl.seeding import generator as stream_generator
 
@@ -45,7 +46,7 @@ def env_factory_for(cfg: RLConfig):
 
 
 def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)  # one kernel per op for all tensors; same numbers
 
 
 def frozen_copy(model) -> torch.nn.Module:
@@ -128,6 +129,27 @@ def forward_logp(model, ids: torch.Tensor):
     return selected_log_probs(logits, ids[:, 1:]), logits
 
 
+@torch.no_grad()
+def real_log_probs(model, batch: dict, entropy: bool = False):
+    """No-grad forward_logp from the real tokens only (model.forward_packed): log p(ids[1:]) [B, T-1] and, if
+    asked, the entropy [B, T-1], both bit-identical to the dense pass wherever the input token is real and 0 where
+    it is padding (no mask covers those: every log-ratio there is exp(logp - 0) <= 1)."""
+    ids = batch["ids"]
+    B, T = ids.shape
+    lengths = batch["attention_mask"].sum(1)
+    logits = model.forward_packed(ids, lengths)
+    inputs = real_positions(lengths, T)                # flat [B, T] positions of the computed logits
+    predicts = (inputs % T) < T - 1                    # ... that have a target in ids[1:]
+    at = inputs[predicts]
+    at = at - at // T                                  # the same positions in [B, T-1]
+    logits = logits[predicts]
+    logp = selected_log_probs(logits, ids[:, 1:].reshape(-1)[at])
+    out = logp.new_zeros(B * (T - 1)).index_put_((at,), logp).view(B, T - 1)
+    if not entropy:
+        return out
+    return out, logp.new_zeros(B * (T - 1)).index_put_((at,), entropy_from_logits(logits)).view(B, T - 1)
+
+
 # ---------------------------------------------------------------- the loss of one (micro)batch
 
 def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
@@ -174,21 +196,23 @@ def accumulate_backward(model, mb: dict, old_logp, ref_logp, cfg: RLConfig) -> t
 
 # ---------------------------------------------------------------- the update
 
+def whole_batch(mbs: list[dict]) -> dict:
+    """The batch the minibatches were cut from (they share its width, so rows concatenate exactly)."""
+    if len(mbs) == 1:
+        return mbs[0]
+    return {k: torch.cat([mb[k] for mb in mbs]) for k in ("ids", "attention_mask", "action_mask", "sample_logp")}
+
+
 def pre_update_pass(model, mbs: list[dict]):
-    """No-grad pass with the weights that sampled the batch: log-probs per minibatch, plus the step's entropy
-    and sampler-trainer gap over policy tokens."""
-    with torch.no_grad():
-        old, entropies, gaps = [], [], []
-        for mb in mbs:
-            logp, logits = forward_logp(model, mb["ids"])
-            old.append(logp)
-            entropies.append(entropy_from_logits(logits))
-            gaps.append((logp - mb["sample_logp"]).abs())
-    mask = torch.cat([mb["action_mask"] for mb in mbs])
-    gap = torch.cat(gaps)  # minibatches share the batch width, so rows concatenate exactly
-    stats = {"entropy": float(masked_mean(torch.cat(entropies), mask)),
+    """One no-grad pass over the whole batch's real tokens, with the weights that sampled it: log-probs per
+    minibatch, plus the step's entropy and sampler-trainer gap over policy tokens."""
+    batch = whole_batch(mbs)
+    logp, entropy = real_log_probs(model, batch, entropy=True)
+    mask = batch["action_mask"]
+    gap = (logp - batch["sample_logp"]).abs()
+    stats = {"entropy": float(masked_mean(entropy, mask)),
              "logp_gap": float(masked_mean(gap, mask)), "logp_gap_max": float((gap * mask).max())}
-    return old, stats
+    return list(logp.split([mb["ids"].shape[0] for mb in mbs])), stats
 
 
 def ref_log_probs(ref, mb: dict, cfg: RLConfig):
@@ -198,6 +222,17 @@ def ref_log_probs(ref, mb: dict, cfg: RLConfig):
         return None
     with torch.no_grad():
         return forward_logp(ref, mb["ids"])[0]
+
+
+def frozen_ref_log_probs(model, ref, mbs: list[dict], cfg: RLConfig) -> list | None:
+    """A frozen reference's log-probs for every minibatch, from one pass over the whole batch before the update
+    (the same numbers ref_log_probs would give each minibatch later). None when there is no KL term, or when the
+    reference is the live policy itself: that one changes with every step, so it is read per minibatch."""
+    if ref is None or cfg.kl_coef <= 0 or ref is model:
+        return None
+    with torch.no_grad():
+        logp = forward_logp(ref, whole_batch(mbs)["ids"])[0]
+    return list(logp.split([mb["ids"].shape[0] for mb in mbs]))
 
 
 def summarize_minibatches(per_mb: list[dict]) -> dict:
@@ -211,10 +246,12 @@ def summarize_minibatches(per_mb: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def kl_to_ref(model, ref, batch: dict, cfg: RLConfig) -> float:
-    """Mean per-token KL estimate (cfg.kl_kind) of the current policy to the reference on the batch's policy tokens."""
-    logp, _ = forward_logp(model, batch["ids"])
-    ref_logp, _ = forward_logp(ref, batch["ids"])
+def kl_to_ref(model, ref, batch: dict, cfg: RLConfig, ref_logp: torch.Tensor | None = None) -> float:
+    """Mean per-token KL estimate (cfg.kl_kind) of the current policy to the reference on the batch's policy tokens
+    (ref_logp: the reference's log-probs on this batch, if already computed)."""
+    logp = real_log_probs(model, batch)
+    if ref_logp is None:
+        ref_logp = real_log_probs(ref, batch)
     return float(masked_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch["action_mask"]))
 
 
@@ -230,11 +267,12 @@ def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Sea
     recomputed, stats = pre_update_pass(model, mbs)
     old = seams.old_log_probs(mbs, recomputed)
     loss_cfg = seams.loss_config(cfg)
+    frozen_ref = frozen_ref_log_probs(model, ref, mbs, loss_cfg)
     backward = seams.backward or accumulate_backward
     per_mb: list[dict] = []
     for _ in range(cfg.epochs):
-        for mb, old_logp in zip(mbs, old):
-            ref_logp = ref_log_probs(ref, mb, loss_cfg)
+        for i, (mb, old_logp) in enumerate(zip(mbs, old)):
+            ref_logp = frozen_ref[i] if frozen_ref is not None else ref_log_probs(ref, mb, loss_cfg)
             old_logp = seams.minibatch_old_log_probs(model, mb, old_logp)
             optimizer.zero_grad(set_to_none=True)
             loss, st = backward(model, mb, old_logp, ref_logp, loss_cfg)
@@ -249,7 +287,8 @@ def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Sea
             optimizer.step()
     stats.update(summarize_minibatches(per_mb))
     if ref is not None and cfg.kl_coef > 0:
-        stats["kl_ref"] = kl_to_ref(model, ref, batch, loss_cfg)
+        stats["kl_ref"] = kl_to_ref(model, ref, batch, loss_cfg,
+                                    None if frozen_ref is None else torch.cat(frozen_ref))
     return stats
 
 
