@@ -1,4 +1,4 @@
-"""python -m agentrl {check, envcheck, bench, audit, replay, study, compare-reports}.
+"""python -m agentrl {check, envcheck, bench, audit, replay, study, research, compare-reports}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works.
@@ -46,6 +46,13 @@ def _thread_list(text: str) -> list[int]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, got {text!r}")
     return [_int_at_least(1)(p) for p in parts]
+
+
+def _seed_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}")
+    return [_int_at_least(0)(p) for p in parts]
 
 
 def set_threads(n: int) -> None:
@@ -158,6 +165,16 @@ def cmd_study(args) -> int:
     return run_study(args)
 
 
+def cmd_research(args) -> int:
+    from agentrl.config import load_params
+    from agentrl.research import main
+    try:
+        set_threads(load_params(["run"])["run"].threads)
+    except ValueError as exc:
+        return fail(str(exc))
+    return main(args.name, args.seeds, args.steps)
+
+
 def cmd_deps(args) -> int:
     from agentrl.tracking.closure import rewrite_dvc_yaml
     changed = rewrite_dvc_yaml(".")
@@ -196,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bundle-dir", default="data/train/bundles")
     s = sub.add_parser("study", help="summarize a study run outside the default pipeline")
     s.add_argument("name", choices=["length-bias"])
+    q = sub.add_parser("research", help="the research studies of docs/research.md (not in the default pipeline)")
+    q.add_argument("name", choices=["entropy-collapse", "rollout-efficiency", "stopping", "all"])
+    q.add_argument("--seeds", type=_seed_list, help="seeds per arm, e.g. 0,1,2 (default: the study's)")
+    q.add_argument("--steps", type=_int_at_least(1), help="steps per run (default: the study's)")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
     m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
@@ -207,5 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
-             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps}
+             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
+             "research": cmd_research}
     return verbs[args.cmd](args)

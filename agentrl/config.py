@@ -1,177 +1,43 @@
 """Every knob of the pipeline, declared once.
 
-One frozen dataclass per params.yaml section; every field is a `knob` that states its type, its range or allowed
-values and what it means. `validate` checks every field by its declaration (numbers must be finite; a YAML
-'1e-3' string is read as a float), so a section object that exists is valid. `load_params` reads params.yaml,
-rejects unknown or missing sections and unknown keys, and builds the sections a stage asks for; every problem is
-one line naming the field and what is allowed (ParamsError), before any compute and before any output is written.
+One frozen dataclass per params.yaml section; every field is a `knob` (agentrl.knobs) that states its type, its
+range or allowed values and what it means. `validate` checks every field by its declaration (numbers must be
+finite; a YAML '1e-3' string is read as a float), so a section object that exists is valid. `load_params` reads
+params.yaml, rejects unknown or missing sections and unknown keys, and builds the sections a stage asks for; every
+problem is one line naming the field and what is allowed (ParamsError), before any compute and before any output
+is written.
 
 This module is the bottom layer: the allowed values of enumerated knobs (families, loss modes, KL estimators,
-rewards, fault names) are declared here and the registries that implement them are checked against these
-tuples by tests.
+rewards, fault names, the research knobs' variants) are declared here and the registries that implement them are
+checked against these tuples by tests.
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import yaml
+
+from agentrl.knobs import (ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob,  # noqa: F401
+                           validate)
 
 FAMILIES = ("minmax", "range", "init", "compare", "zero")
 LOSS_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3")
 REWARDS = ("hidden", "public")
-KEEP_MODES = ("all", "informative")
+KEEP_MODES = ("all", "informative", "resample")
+RATIO_LEVELS = ("token", "sequence")
+ADV_ESTIMATORS = ("grpo", "rloo")
+REWARD_SCALES = ("none", "group", "batch")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+CURRICULA = ("none", "pass_rate")
 FAULT_NAMES = ("mask_shift", "stale_old_logp", "entropy_sign", "sign_flip", "accum_local", "sampler_temp",
                "ref_is_policy")
-ARMS = ("default", "kl", "sft", "public")
-
-
-class UserError(ValueError):
-    """A problem the user can fix (bad params, missing or corrupted artifact): reported in one line."""
-
-
-class ConfigError(UserError):
-    """A bad configuration value; the message names the field and the allowed values."""
-
-
-class ParamsError(UserError):
-    """A params.yaml problem; str() is one line naming the file and the field."""
-
-
-class Diverged(UserError):
-    """Training left the range a healthy run stays in (non-finite loss or gradient, or a guard's limit): the run
-    stops with one line saying where, and a replay bundle."""
-
-
-# ---------------------------------------------------------------- declaring and checking a field
-
-_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-@dataclass(frozen=True)
-class Spec:
-    kind: type                      # int, float, bool, str or list
-    lo: float | None = None         # bounds (numbers; for lists: of each item)
-    hi: float | None = None
-    lo_open: bool = False           # lo < v instead of lo <= v
-    hi_open: bool = False
-    choices: tuple | None = None    # allowed values (str fields; for lists: of each item)
-    item: type | None = None        # item type of a list
-    nonempty: bool = False          # lists: at least one item
-    unique: bool = False            # lists: no repeats
-
-    def describe(self) -> str:
-        if self.kind is bool:
-            return "true or false"
-        if self.kind is list:
-            what = self._scalar(self.item)
-            text = f"a {'non-empty ' if self.nonempty else ''}list of {'distinct ' if self.unique else ''}" + \
-                   (f"values from {', '.join(map(str, self.choices))}" if self.choices else what.replace("a ", "", 1)
-                    .replace("an ", "", 1) + "s")
-            return text
-        if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
-        return self._scalar(self.kind)
-
-    def _scalar(self, kind) -> str:
-        base = "an integer" if kind is int else "a finite number" if kind is float else "a string"
-        bounds = []
-        if self.lo is not None:
-            bounds.append(f"{'>' if self.lo_open else '>='} {self.lo:g}")
-        if self.hi is not None:
-            bounds.append(f"{'<' if self.hi_open else '<='} {self.hi:g}")
-        if len(bounds) == 2 and self.lo is not None and self.hi is not None:
-            lb, rb = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-            return f"{base} in {lb}{self.lo:g}, {self.hi:g}{rb}"
-        return base + (" " + " and ".join(bounds) if bounds else "")
-
-    def coerce(self, value):
-        """The value as the declared type, or raise ValueError (the caller names the field)."""
-        if self.kind is list:
-            if not isinstance(value, list) or (self.nonempty and not value):
-                raise ValueError
-            items = [self._scalar_value(self.item, v) for v in value]
-            if self.unique and len(set(items)) != len(items):
-                raise ValueError
-            return items
-        return self._scalar_value(self.kind, value)
-
-    def _scalar_value(self, kind, value):
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if kind is str:
-            if not isinstance(value, str) or (self.choices and value not in self.choices):
-                raise ValueError
-            return value
-        if isinstance(value, bool):
-            raise ValueError
-        if kind is float and isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            value = float(value)
-        if kind is int and not isinstance(value, int):
-            raise ValueError
-        if kind is float and not isinstance(value, (int, float)):
-            raise ValueError
-        if kind is float:
-            value = float(value)
-            if not math.isfinite(value):
-                raise ValueError
-        if self.choices and value not in self.choices:
-            raise ValueError
-        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
-            raise ValueError
-        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
-            raise ValueError
-        return value
-
-
-def knob(default, kind: type, doc: str = "", **spec):
-    """A config field: default, type and range or allowed values (see Spec), and what it means."""
-    meta = {"spec": Spec(kind, **spec), "doc": doc}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def prob(default: float, doc: str = ""):
-    return knob(default, float, doc, lo=0.0, hi=1.0)
-
-
-def validate(obj) -> None:
-    """Check (and coerce) every field of a config object by its Spec; raise ConfigError naming the field."""
-    for f in fields(obj):
-        spec = f.metadata.get("spec")
-        if spec is None:
-            continue
-        value = getattr(obj, f.name)
-        try:
-            good = spec.coerce(value)
-        except (ValueError, TypeError):
-            allowed = spec.describe()
-            if spec.choices and spec.kind is str and isinstance(value, str):
-                raise ConfigError(f"{type(obj).__name__}.{f.name}: unknown value {value!r}; allowed: "
-                                  f"{', '.join(map(str, spec.choices))}") from None
-            raise ConfigError(f"{type(obj).__name__}.{f.name}: expected {allowed}, got {value!r}") from None
-        if good is not value:
-            object.__setattr__(obj, f.name, good)
-
-
-class Section:
-    """Base of every params section: validated on construction, plain dict out."""
-
-    def __post_init__(self):
-        validate(self)
-        self.check()
-
-    def check(self) -> None:
-        """Checks that involve several fields (override)."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+STARTS = ("base", "sft")   # starting policies an ablation arm may name
+# the ablation's arms: name -> overrides of rl: ("rl.<key>": value) and the starting policy ("start")
+ARMS = {"default": {}, "kl": {"rl.kl_coef": 0.05, "rl.kl_kind": "k3"}, "sft": {"start": "sft"},
+        "public": {"rl.reward": "public"}}
 
 
 def _int(default, doc="", lo=None, **kw):
@@ -259,11 +125,51 @@ class RLConfig(Section):
     reward: str = knob("hidden", str, "hidden tests; 'public' is the reward-hacking control", choices=REWARDS)
     rename: bool = knob(True, bool, "randomize function names per episode")
     seed: int = _int(0, "run.seed (not an rl key)", lo=0)
+    # research knobs (docs/research.md); at their defaults a run is bit-identical to plain GRPO above
+    clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", lo=0.0,
+                                      hi=1.0, lo_open=True, hi_open=True, nullable=True)
+    clip_eps_high: float | None = knob(None, float, "clip range above 1 (DAPO clip-higher, e.g. 0.28; null: clip_eps)",
+                                       lo=0.0, lo_open=True, nullable=True)
+    clip_ratio_c: float | None = knob(None, float, "dual clip: for A < 0 a token's loss is at most c * |A| (null: off)",
+                                      lo=1.0, lo_open=True, nullable=True)
+    ratio_level: str = knob("token", str, "one importance ratio per token, or per sequence (GSPO)",
+                            choices=RATIO_LEVELS)
+    adv_estimator: str = knob("grpo", str, "baseline: the group mean, or the mean of the group's other episodes",
+                              choices=ADV_ESTIMATORS)
+    scale_rewards: str | None = knob(None, str, "divide advantages by the reward std of the group or the batch "
+                                     "(null: group if adv_std_scale, else none)", choices=REWARD_SCALES, nullable=True)
+    resample_cap: int = _int(4, "keep: resample draws at most this many x tasks_per_step groups per step", lo=1)
+    lr_warmup: int = _int(0, "the first this-many steps ramp the learning rate linearly up to lr", lo=0)
+    lr_schedule: str = knob("constant", str, "after warmup: constant, or linear / cosine decay to 0 at the last step",
+                            choices=LR_SCHEDULES)
+    entropy_target: float | None = knob(None, float, "adapt the entropy coefficient (from entropy_coef, >= 0) to hold "
+                                        "the mean token entropy near this many nats (null: fixed)", lo=0.0,
+                                        lo_open=True, nullable=True)
+    entropy_coef_lr: float = knob(0.1, float, "entropy target: per step the coefficient moves by this x (target - "
+                                  "entropy)", lo=0.0, lo_open=True)
+    curriculum: str = knob("none", str, "pass_rate: sample tasks with weight p(1-p) of their recent pass rate p",
+                           choices=CURRICULA)
+    curriculum_window: int = _int(10, "curriculum: the pass rate of the last this-many steps (Laplace-smoothed)",
+                                  lo=1)
 
     def check(self):
         if self.group_size * self.tasks_per_step < self.minibatches:
             raise ConfigError(f"RLConfig.minibatches: {self.minibatches} exceeds the batch "
                               f"({self.group_size * self.tasks_per_step} episodes)")
+        if self.adv_std_scale and self.scale_rewards not in (None, "group"):
+            raise ConfigError(f"RLConfig.scale_rewards: {self.scale_rewards!r} contradicts adv_std_scale=true (its "
+                              "shorthand for 'group'); set one of them")
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(low, high): the ratio is clipped to [1 - low, 1 + high]; clip_eps is the shorthand for both."""
+        return (self.clip_eps if self.clip_eps_low is None else self.clip_eps_low,
+                self.clip_eps if self.clip_eps_high is None else self.clip_eps_high)
+
+    @property
+    def reward_scale(self) -> str:
+        """none, group or batch: scale_rewards, or its shorthand adv_std_scale."""
+        return self.scale_rewards or ("group" if self.adv_std_scale else "none")
 
 
 @dataclass(frozen=True)
@@ -282,8 +188,15 @@ class TrainConfig(Section):
 
 @dataclass(frozen=True)
 class SelectConfig(Section):
+    """The chosen checkpoint is the best on validation; the stopping rules, fixed before the run, only report where
+    they would have stopped and what that would have cost (agentrl.eval.stopping)."""
     n_boot: int = _int(10000, lo=100)
     alpha: float = knob(0.05, float, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    stop_patience: int = _int(0, "rule (a): stop after this many checkpoints in a row that do not beat the previous "
+                              "checkpoint's interval (0: off)", lo=0)
+    stop_zero_adv: float = prob(0.75, "rule (b): the zero-advantage share it watches ...")
+    stop_zero_adv_steps: int = _int(0, "... stop once zero_adv_frac stayed above it for this many steps (0: off)",
+                                    lo=0)
 
 
 @dataclass(frozen=True)
@@ -298,16 +211,49 @@ class TestConfig(Section):
             raise ConfigError(f"TestConfig.ks: k={max(self.ks)} exceeds episodes_per_task={self.episodes_per_task}")
 
 
+ARM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def arm_overrides(arm: str, spec: dict) -> tuple[dict, str]:
+    """An arm's (rl overrides, starting policy), every key and value checked: "rl.<key>" is any rl key with a value
+    it allows, "start" is one of STARTS. Raises ConfigError naming the arm and the field."""
+    where = f"AblateConfig.arms: {arm}"
+    if not isinstance(arm, str) or not ARM_NAME.match(arm):
+        raise ConfigError(f"AblateConfig.arms: {arm!r}: an arm name is letters, digits and _ (it names DVC stages)")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a mapping of overrides like {{rl.lr: 0.0001}}, got {spec!r}")
+    rl, start = {}, "base"
+    for key, value in spec.items():
+        if key == "start":
+            if value not in STARTS:
+                raise ConfigError(f"{where}: start: unknown value {value!r}; allowed: {', '.join(STARTS)}")
+            start = value
+        elif isinstance(key, str) and key.startswith("rl.") and key[3:] in section_keys("rl"):
+            rl[key[3:]] = value
+        else:
+            raise ConfigError(f"{where}: {key}: unknown key; allowed: start, rl.<key> with <key> one of "
+                              f"{', '.join(section_keys('rl'))}")
+    try:
+        RLConfig(**rl)
+    except ConfigError as exc:
+        field_, rest = str(exc).split(":", 1)
+        raise ConfigError(f"{where}: rl.{field_.split('.', 1)[-1]}:{rest}") from None
+    return rl, start
+
+
 @dataclass(frozen=True)
 class AblateConfig(Section):
-    arms: list = knob(list(ARMS), list, item=str, choices=ARMS, nonempty=True, unique=True)
+    arms: dict = knob(ARMS, dict, "arm -> overrides: {rl.<key>: value, start: base|sft}; add one with dvc exp run "
+                      "-S '+ablate.arms.<name>={rl.<key>: value}'", nonempty=True)
     seeds: list = knob([0, 1, 2], list, item=int, lo=0, nonempty=True, unique=True)
     steps: int = _int(30, lo=1)
     eval_per_task: int = _int(16, "on all 10 held-out tasks", lo=1)
-    kl_coef: float = knob(0.05, float, "the 'kl' arm", lo=0.0, lo_open=True)
-    kl_kind: str = knob("k3", str, choices=KL_KINDS)
     n_boot: int = _int(10000, lo=100)
     alpha: float = knob(0.05, float, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+
+    def check(self):
+        for arm, spec in self.arms.items():
+            arm_overrides(arm, spec)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,20 @@ class StageContext:
         return self.params["run"].threads
 
 
+def read_keys(values: dict, keys: list[str]) -> dict:
+    """The keys of a section a stage reads; "key.entry" keeps only that entry of a mapping-valued key."""
+    out: dict = {}
+    for key in keys:
+        head, _, entry = key.partition(".")
+        if head not in values:
+            continue
+        if entry:
+            out.setdefault(head, {})[entry] = values[head].get(entry)
+        else:
+            out[head] = values[head]
+    return out
+
+
 def fail(msg: str, code: int = 2):
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(code)
@@ -40,7 +54,7 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
               params_path: str = "params.yaml", only: dict | None = None) -> None:
     """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
-    generates the instances."""
+    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm)."""
     from agentrl.config import load_params
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
     try:
@@ -57,7 +71,7 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
     from agentrl.tracking.run import stage_run
     logged = {s: section_values(s, p) for s, p in params.items()}
     for section, keys in (only or {}).items():
-        logged[section] = {k: v for k, v in logged[section].items() if k in keys}
+        logged[section] = read_keys(logged[section], keys)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
     try:
         with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads) as run:

@@ -3,6 +3,7 @@ depends on the seed only (so arms with the same seed share the evaluation stream
 import argparse
 
 from agentrl.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
+from agentrl.config import STARTS, UserError, read_params_file
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.ablation import arm_config, run_instance
@@ -11,11 +12,21 @@ from agentrl.rl.guards import BundleGuard
 from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "ablate"]
-READS = {"run": ["threads"], "ablate": ["steps", "eval_per_task", "kl_coef", "kl_kind"]}  # not the instance lists
+# not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})
+READS = {"run": ["threads"], "ablate": ["steps", "eval_per_task", "arms"]}
+
+
+def declared_start(arm: str) -> str:
+    """The arm's starting policy as params.yaml names it ('base' when unreadable: run_stage reports why)."""
+    try:
+        start = read_params_file()["ablate"]["arms"][arm].get("start", "base")
+    except (UserError, KeyError, TypeError, AttributeError):
+        return "base"
+    return start if start in STARTS else "base"
 
 
 def main(arm: str, seed: int):
-    start = "sft" if arm == "sft" else "base"
+    start = declared_start(arm)
 
     def body(ctx):
         acfg = ctx.params["ablate"]
@@ -33,7 +44,8 @@ def main(arm: str, seed: int):
         print(f"ablate {arm}-{seed}: held-out {result['heldout_pass']:.3f}, late training reward "
               f"{result['late_reward']:.3f}")
 
-    run_stage(f"ablate@{arm}-{seed}", SECTIONS, [TOKENIZER, SPLIT, policy_path(start)], body, only=READS)
+    only = {**READS, "ablate": ["steps", "eval_per_task", f"arms.{arm}"]}
+    run_stage(f"ablate@{arm}-{seed}", SECTIONS, [TOKENIZER, SPLIT, policy_path(start)], body, only=only)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,27 @@
 """Stage select: the checkpoint with the highest validation pass rate (ties to the earlier one), every checkpoint
-listed with its task-bootstrap 95% interval."""
+listed with its task-bootstrap 95% interval; with select.stop_* set, where each stopping rule would have stopped
+and what it would have cost (agentrl.eval.stopping; the choice stays the full run's)."""
 from agentrl.artifacts import REPORTS, read_json, write_json, write_metrics
 from agentrl.eval.selection import checkpoint_rows, choose
+from agentrl.eval.stopping import stopping_report
+from agentrl.seeding import stream_seed
 from agentrl.stage import run_stage
 
 SECTIONS = ["run", "select"]
 READS = {"run": ["seed"]}   # bootstrap seeds; no tensor work, so no thread count
-INPUTS = [REPORTS / "train.json"]
+INPUTS = [REPORTS / "train.json", REPORTS / "train_dashboard.json"]
 
 
 def body(ctx):
     cfg = ctx.params["select"]
     rows = checkpoint_rows(read_json(REPORTS / "train.json")["checkpoints"], cfg.n_boot, cfg.alpha, ctx.seed)
     chosen = choose(rows)
-    write_json(REPORTS / "selection.json", {"alpha": cfg.alpha, "n_boot": cfg.n_boot, "checkpoints": rows,
-                                            "chosen": chosen})
+    out = {"alpha": cfg.alpha, "n_boot": cfg.n_boot, "checkpoints": rows, "chosen": chosen}
+    stopping = stopping_report(rows, read_json(REPORTS / "train_dashboard.json"), chosen, cfg,
+                               {r: stream_seed(ctx.seed, "select-stop", r) for r in ("patience", "zero_adv")})
+    if stopping:  # rules off: selection.json is what it always was
+        out["stopping"] = stopping
+    write_json(REPORTS / "selection.json", out)
     write_json(REPORTS / "plots" / "validation.json", [{k: r[k] for k in ("step", "pass_rate", "ci_lo", "ci_hi")}
                                                          for r in rows])
     write_metrics("select", {k: chosen[k] for k in ("step", "pass_rate", "ci_lo", "ci_hi")})
@@ -23,6 +30,11 @@ def body(ctx):
         mark = "  <- chosen" if r["step"] == chosen["step"] else ""
         print(f"select: step {r['step']:3d}  validation {r['pass_rate']:.3f}  "
               f"95% CI [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]{mark}")
+    for name, v in stopping.items():
+        c = v["validation_cost"]
+        print(f"select: rule {name} {v['rule']}: " + (f"stops at step {v['stop_step']} ({v['steps_saved']} steps "
+              f"saved), picks step {v['chosen_step']}, validation cost {c['mean']:+.3f} [{c['ci_lo']:+.3f}, "
+              f"{c['ci_hi']:+.3f}]" if v["fired"] else "never fires"))
 
 
 if __name__ == "__main__":

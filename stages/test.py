@@ -1,5 +1,6 @@
 """Stage test: the starting policy and the chosen checkpoint, once each, on the test tasks: per-task counts,
-pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference."""
+pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference. When select
+reported stopping rules, the checkpoint each rule would have picked too, with its test cost against the chosen."""
 from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
                                write_json, write_metrics)
 from agentrl.env.tasks import load_split
@@ -18,12 +19,15 @@ INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "sele
 def body(ctx):
     cfg, rl = ctx.params["test"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    step = read_json(REPORTS / "selection.json")["chosen"]["step"]
+    selection = read_json(REPORTS / "selection.json")
+    step = selection["chosen"]["step"]
     models = {"start": load_for(policy_path("base"), tok, ctx.params["model"])[0],
               "chosen": load_for(checkpoint_path(step), tok, ctx.params["model"])[0]}
+    rules = {f"stop_{r}": v["chosen_step"] for r, v in selection.get("stopping", {}).items()}
+    models.update({name: load_for(checkpoint_path(s), tok, ctx.params["model"])[0] for name, s in rules.items()})
     out = {"tasks": [t.name for t in split["test"]], "episodes_per_task": cfg.episodes_per_task, "ks": cfg.ks,
            "alpha": cfg.alpha, "chosen_step": step}
-    for name, model in models.items():  # one stream for both: a paired comparison
+    for name, model in models.items():  # one stream for all: paired comparisons
         res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"), rl)
         counts = {t: (v["n"], v["c"]) for t, v in res["per_task"].items()}
         out[name] = counts_summary(counts, cfg.ks, cfg.n_boot, cfg.alpha, stream_seed(ctx.seed, "test-ci", name))
@@ -32,6 +36,11 @@ def body(ctx):
     b = [out["chosen"]["per_task"][t]["c"] / out["chosen"]["per_task"][t]["n"] for t in names]
     diff, lo, hi = paired_bootstrap_diff(a, b, cfg.n_boot, cfg.alpha, seed=stream_seed(ctx.seed, "test-paired"))
     out["paired_diff"] = {"mean": diff, "ci_lo": lo, "ci_hi": hi}
+    for name, s in rules.items():  # test pass rate the rule would have cost: chosen minus the rule's pick
+        r = [out[name]["per_task"][t]["c"] / out[name]["per_task"][t]["n"] for t in names]
+        cost, clo, chi = paired_bootstrap_diff(r, b, cfg.n_boot, cfg.alpha,
+                                               seed=stream_seed(ctx.seed, "test-stop", name))
+        out[name].update(step=s, cost={"mean": cost, "ci_lo": clo, "ci_hi": chi})
     write_json(REPORTS / "test.json", out)
     write_metrics("test", {"start_pass_at_1": out["start"]["pass_at_1"], "chosen_pass_at_1": out["chosen"]["pass_at_1"],
                            "chosen_ci_lo": out["chosen"]["ci_lo"], "chosen_ci_hi": out["chosen"]["ci_hi"],
@@ -44,6 +53,10 @@ def body(ctx):
         print(f"test: {name:6s} pass@1 {s['pass_at_1']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]  " +
               "  ".join(f"pass@{k} {v:.3f}" for k, v in s["pass_at_k"].items()))
     print(f"test: paired difference {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    for name in rules:
+        c = out[name]["cost"]
+        print(f"test: {name} (step {out[name]['step']}) pass@1 {out[name]['pass_at_1']:.3f}, cost {c['mean']:+.3f} "
+              f"[{c['ci_lo']:+.3f}, {c['ci_hi']:+.3f}]")
 
 
 if __name__ == "__main__":

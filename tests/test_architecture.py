@@ -10,7 +10,7 @@ PKG = REPO / "agentrl"
 MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
-    ["agentrl.config", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
+    ["agentrl.config", "agentrl.knobs", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
     ["agentrl.env"],
     ["agentrl.model"],
     ["agentrl.rl"],
@@ -18,7 +18,8 @@ LAYERS = [
     ["agentrl.faults"],
     ["agentrl.tracking"],
     ["agentrl.report"],
-    ["agentrl.stage", "agentrl.studies", "agentrl.bench", "agentrl.cli", "agentrl.__main__"],
+    ["agentrl.stage", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
+     "agentrl.cli", "agentrl.__main__"],
 ]
 
 

@@ -46,8 +46,9 @@ def test_every_float_param_must_be_finite(tmp_path, monkeypatch, section, key, v
 
 
 def test_the_float_fields_the_issue_named_are_among_them():
+    # ablate.kl_coef is now the kl arm's rl.kl_coef (ablate.arms), checked as rl.kl_coef is (tests/test_research.py)
     named = {("base", "lr"), ("sft", "lr"), ("model", "emb_std"), ("base", "choice_weight"), ("preflight", "kl_coef"),
-             ("ablate", "kl_coef"), ("faults", "kl_coef"), ("faults", "high_lr"), ("rl", "lr")}
+             ("rl", "kl_coef"), ("faults", "kl_coef"), ("faults", "high_lr"), ("rl", "lr")}
     assert named <= set(FLOATS)
 
 

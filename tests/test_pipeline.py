@@ -27,7 +27,8 @@ SHORT = {
     "train": {"steps": 4, "checkpoint_every": 2, "eval_per_task": 2},
     "select": {"n_boot": 200},
     "test": {"episodes_per_task": 8, "n_boot": 200},
-    "ablate": {"arms": ["default", "public"], "seeds": [0, 1], "steps": 2, "eval_per_task": 2, "n_boot": 200},
+    "ablate": {"arms": {"default": {}, "public": {"rl.reward": "public"}}, "seeds": [0, 1], "steps": 2,
+               "eval_per_task": 2, "n_boot": 200},
     "faults": {"steps": 2, "short_steps": 1, "eval_every": 1, "eval_per_task": 1},
     "length": {"steps": 2},
     "threads": {"steps": 2},
@@ -190,6 +191,17 @@ def test_adding_a_seed_runs_only_the_new_instances_and_plots_compare_by_name(min
     columns = run([str(BIN / "dvc"), "exp", "show", "--csv"], repo).stdout.splitlines()[0].split(",")
     metrics = [c for c in columns if c.startswith("reports/metrics/") or ":" in c]
     print(f"dvc exp show: {len(columns)} columns ({len(metrics)} metrics)")
+    run("git checkout -q -- . && git clean -qfd reports", repo)
+    run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
+
+
+def test_adding_an_arm_needs_no_code_and_runs_only_its_instances(mini):
+    repo = mini["repo"]
+    out = run([str(BIN / "dvc"), "exp", "run", "-S", "+ablate.arms.clip_higher={rl.clip_eps_high: 0.28}"], repo)
+    assert stages_run(out.stdout) == {"ablate@clip_higher-0", "ablate@clip_higher-1", "ablate_summary", "report"}
+    result = json.loads((repo / "data" / "ablate" / "clip_higher-0" / "result.json").read_text())
+    assert result["config"]["clip_eps_high"] == 0.28
+    assert "clip_higher" in json.loads((repo / "reports" / "ablation.json").read_text())["arms"]
     run("git checkout -q -- . && git clean -qfd reports", repo)
     run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
 

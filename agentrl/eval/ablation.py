@@ -1,11 +1,12 @@
-"""One seeded ablation instance: an arm's config and starting policy, trained, then evaluated on every held-out task
-from a stream that depends on the seed only (arms with the same seed share the evaluation episodes). The summary
-over instances is agentrl.eval.ablation_summary."""
+"""One seeded ablation instance: an arm's config and starting policy (`ablate.arms` in params.yaml), trained, then
+evaluated on every held-out task from a stream that depends on the seed only (arms with the same seed share the
+evaluation episodes). The summary over instances is agentrl.eval.ablation_summary."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from agentrl.artifacts import StageError
+from agentrl.config import ConfigError, arm_overrides
 from agentrl.eval.evaluation import evaluate
 from agentrl.rl.trainer import train
 from agentrl.seeding import generator
@@ -14,12 +15,15 @@ LATE_WINDOW = 4            # "late" training statistics: mean of the last this-m
 
 
 def arm_config(arm: str, rl, acfg, seed: int):
-    """(RLConfig, starting policy name) of an arm: default, kl (KL to the start), sft (start from SFT), public."""
-    overrides = {"default": {}, "kl": {"kl_coef": acfg.kl_coef, "kl_kind": acfg.kl_kind}, "sft": {},
-                 "public": {"reward": "public"}}
-    if arm not in overrides:
-        raise StageError(f"ablate arm: unknown value {arm!r}; allowed: {', '.join(overrides)}")
-    return replace(rl, seed=seed, **overrides[arm]), ("sft" if arm == "sft" else "base")
+    """(RLConfig, starting policy name) of an arm: the rl section with the arm's overrides, at `seed`."""
+    if arm not in acfg.arms:
+        raise StageError(f"ablate arm: unknown value {arm!r}; allowed: {', '.join(acfg.arms)} (ablate.arms)")
+    overrides, start = arm_overrides(arm, acfg.arms[arm])
+    try:
+        return replace(rl, seed=seed, **overrides), start
+    except ConfigError as exc:  # a value that is fine alone but not with the rest of rl:
+        field_, rest = str(exc).split(":", 1)
+        raise ConfigError(f"ablate.arms: {arm}: rl.{field_.split('.', 1)[-1]}:{rest}") from None
 
 
 def run_instance(model, arm: str, seed: int, start: str, cfg, acfg, tok, split: dict, hooks=()) -> dict:

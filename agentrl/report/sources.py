@@ -11,16 +11,20 @@ from agentrl.tracking.audit import extract
 
 def fmt_value(value: Any, fmt: str) -> str:
     """Text of one reported value. `fmt` is a Python format spec (".3f", "+.3f", ".0%", ".2e", "d", "g") or one of:
-    "str" (as written in params.yaml: true/false, [a, b]), "yesno", "passfail", "list" (comma-separated, "none"
-    when empty), "sha12" (first 12 characters). None is "n/a" in every format."""
-    if value is None:
-        return "n/a"
+    "str" (as written in params.yaml: true/false, null, [a, b], {k: v}), "yesno", "passfail", "list"
+    (comma-separated, "none" when empty), "sha12" (first 12 characters). None is "n/a" in every other format."""
     if fmt == "str":
+        if value is None:
+            return "null"
         if isinstance(value, bool):
             return "true" if value else "false"
         if isinstance(value, (list, tuple)):
             return "[" + ", ".join(fmt_value(v, "str") for v in value) + "]"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {fmt_value(v, 'str')}" for k, v in value.items()) + "}"
         return str(value)
+    if value is None:
+        return "n/a"
     if fmt == "yesno":
         return "yes" if value else "no"
     if fmt == "passfail":

@@ -6,6 +6,8 @@ set of episodes that its behaviour group (and every evaluation) reports.
     optimizer     entropy, approx_kl, clipping, ratio extremes, gradient norm, KL to the reference, and the share
                   of groups with zero advantage (split into all-pass and all-fail)
     consistency   logp_gap: mean |trainer - sampler| log-prob on trained tokens (and its per-step max)
+    schedule      rollouts: episodes the step played (also those keep drops); trained: episodes it trained on;
+                  lr and entropy_coef when a schedule or an entropy target sets them per step
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ METRIC_GROUPS = {
     "optimizer": ["entropy", "approx_kl", "approx_kl_max", "clip_frac", "clip_frac_max", "ratio_max", "ratio_min",
                   "grad_norm", "grad_norm_max", "kl_ref", "zero_adv_frac", "all_pass_frac", "all_fail_frac"],
     "consistency": ["logp_gap", "logp_gap_max"],
+    "schedule": ["rollouts", "trained", "lr", "entropy_coef"],
 }
 
 

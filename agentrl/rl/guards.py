@@ -84,9 +84,9 @@ class BundleGuard(Hook):
     def _write(self, step: int, state: TrainState, reason: str, stats: dict) -> str | None:
         if self.dir is None:
             return None
-        return save_bundle(self.dir / f"step_{step:04d}.pt", step=step, cfg=self.cfg, fault=self.fault,
-                           batch=state.batch, stats=stats, reason=reason, threads=torch.get_num_threads(),
-                           model_cfg=state.model.cfg, **self.snapshot)
+        return save_bundle(self.dir / f"step_{step:04d}.pt", step=step, cfg=state.cfg or self.cfg,
+                           fault=self.fault, batch=state.batch, stats=stats, reason=reason,
+                           threads=torch.get_num_threads(), model_cfg=state.model.cfg, **self.snapshot)
 
     def on_failure(self, step: int, state: TrainState, exc: NonFiniteError) -> None:
         exc.bundle = self._write(step, state, str(exc), exc.stats)

@@ -1,5 +1,6 @@
 """One small function per formula, each testable on tensors alone. Shapes: B rows, T tokens, V vocab;
-per-token quantities live on targets, i.e. [B, T-1] aligned to ids[1:]."""
+per-token quantities live on targets, i.e. [B, T-1] aligned to ids[1:]. Where a knob selects a variant, the
+variants are named functions in a registry next to their formula (BASELINES, REWARD_SCALES, POLICY_RATIOS)."""
 from __future__ import annotations
 
 import torch
@@ -8,16 +9,43 @@ import torch.nn.functional as F
 from agentrl.config import KL_KINDS, LOSS_MODES
 
 
+def group_mean_baseline(r: torch.Tensor) -> torch.Tensor:
+    """GRPO: every episode's baseline is its group's mean reward."""
+    return r.mean()
+
+
+def leave_one_out_baseline(r: torch.Tensor) -> torch.Tensor:
+    """RLOO: each episode's baseline is the mean reward of the other episodes of its group."""
+    return (r.sum() - r) / max(r.numel() - 1, 1)
+
+
+def group_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """The unbiased std of the group's rewards (0 for a single episode)."""
+    return r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())
+
+
+def batch_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """The unbiased std of every reward of the batch (TRL's scale_rewards='batch')."""
+    return rewards.std(unbiased=True) if rewards.numel() > 1 else rewards.new_zeros(())
+
+
+BASELINES = {"grpo": group_mean_baseline, "rloo": leave_one_out_baseline}
+REWARD_SCALES = {"none": None, "group": group_std, "batch": batch_std}
+
+
 def compute_advantages(rewards: torch.Tensor, group: torch.Tensor, std_scale: bool = False,
-                       eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantage [B]: reward minus its group's mean (optionally / (unbiased group std + eps))."""
+                       eps: float = 1e-6, estimator: str = "grpo", scale: str | None = None) -> torch.Tensor:
+    """Group-relative advantage [B]: reward minus its baseline (BASELINES[estimator]), divided by
+    (REWARD_SCALES[scale] + eps) unless scale is 'none'. scale=None: 'group' if std_scale else 'none'."""
+    std = REWARD_SCALES[scale or ("group" if std_scale else "none")]
+    baseline = BASELINES[estimator]
     adv = torch.zeros_like(rewards)
     for g in torch.unique(group):
         rows = group == g
         r = rewards[rows]
-        a = r - r.mean()
-        if std_scale:
-            a = a / ((r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())) + eps)
+        a = r - baseline(r)
+        if std is not None:
+            a = a / (std(r, rewards) + eps)
         adv[rows] = a
     return adv
 
@@ -54,11 +82,42 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
     raise ValueError(f"loss_mode: unknown value {mode!r}; allowed: {', '.join(LOSS_MODES)}")
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float):
-    """PPO per-token loss -min(r A, clip(r, 1-eps, 1+eps) A) and the ratio r = exp(logp - old_logp)."""
+def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PPO/GRPO: one importance ratio per token, r_t = exp(logp_t - old_logp_t)."""
+    return torch.exp(logp - old_logp)
+
+
+MAX_LOG_SEQ_RATIO = 10.0   # as verl: exp(10) already clips; beyond it only overflow waits
+
+
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO: one length-normalised ratio per sequence, s = exp(mean of logp - old_logp over its policy tokens), on
+    every token of the row as exp(logp - sg(logp) + sg(log s)): its value is s, its gradient s * grad logp_t, so a
+    row's mean token loss has the gradient of the sequence-level objective."""
+    log_s = ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return torch.exp((logp - logp.detach() + log_s.detach()[:, None]).clamp(max=MAX_LOG_SEQ_RATIO))
+
+
+POLICY_RATIOS = {"token": token_ratio, "sequence": sequence_ratio}
+
+
+def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """PPO per-token loss -min(r A, clip(r, 1 - low, 1 + high) A); high > low is DAPO's clip-higher."""
+    surr = torch.min(ratio * adv, ratio.clamp(1 - low, 1 + high) * adv)
+    return -surr
+
+
+def dual_clip(per_token: torch.Tensor, adv: torch.Tensor, c: float) -> torch.Tensor:
+    """Dual clip (verl): where A < 0 the per-token loss is at most c * |A|, so one very unlikely bad token (a huge
+    ratio) cannot dominate the update."""
+    return torch.where(adv < 0, torch.minimum(per_token, -adv * c), per_token)
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float,
+                      clip_eps_high: float | None = None):
+    """Token-level PPO loss clip_objective(r, A, eps, eps_high or eps) and the ratio r = exp(logp - old_logp)."""
     ratio = torch.exp(logp - old_logp)
-    surr = torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    return -surr, ratio
+    return clip_objective(ratio, adv, clip_eps, clip_eps if clip_eps_high is None else clip_eps_high), ratio
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -86,16 +145,22 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: 
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg):
-    """Clipped-surrogate loss over policy tokens, aggregated by cfg.loss_mode.
-    logp, old_logp, mask [B, L]; adv [B] or [B, L]. Returns (loss, stats)."""
+    """Clipped-surrogate loss over policy tokens (ratio per cfg.ratio_level, clip range cfg.clip_range, dual clip
+    if cfg.clip_ratio_c), aggregated by cfg.loss_mode. logp, old_logp, mask [B, L]; adv [B] or [B, L].
+    Returns (loss, stats)."""
     if adv.dim() == 1:
         adv = adv[:, None].expand_as(logp)
-    per_token, ratio = clipped_surrogate(logp, old_logp, adv, cfg.clip_eps)
+    low, high = cfg.clip_range
+    ratio = POLICY_RATIOS[cfg.ratio_level](logp, old_logp, mask)
+    per_token = clip_objective(ratio, adv, low, high)
+    if cfg.clip_ratio_c is not None:
+        per_token = dual_clip(per_token, adv, cfg.clip_ratio_c)
     loss = aggregate_loss(per_token, mask, cfg.loss_mode)
     with torch.no_grad():
         on = mask > 0
         r = ratio[on] if on.any() else ratio.new_ones(1)
-        clipped = ((ratio - 1).abs() > cfg.clip_eps).float()
+        dev = ratio - 1  # -dev is exact, so with low == high this is |r - 1| > eps
+        clipped = torch.where(dev > 0, dev > high, -dev > low).float()
         stats = {
             "clip_frac": float(masked_mean(clipped, mask)),
             "approx_kl": float(approx_kl(logp, old_logp, mask)),

@@ -162,17 +162,78 @@ def choose_tasks(tasks: list, n: int, generator: torch.Generator) -> list:
     return [tasks[i] for i in order[:n]]
 
 
-def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
-                temperature: float | None = None) -> tuple[list[Trajectory], list[Trajectory]]:
-    """One step's batch: `tasks_per_step` tasks x `group_size` episodes. Returns (kept, sampled); `kept` is what
-    the update trains on: all groups, or (keep='informative') only groups whose rewards are not all equal."""
-    chosen = choose_tasks(tasks, cfg.tasks_per_step, generator)
-    sampled = sample_groups(model, env_factory, chosen, tok, cfg, generator, temperature)
-    if cfg.keep == "all":
-        return sampled, sampled
+def choose_weighted_tasks(tasks: list, n: int, weights: list[float], generator: torch.Generator) -> list:
+    """n distinct tasks drawn without replacement with probability proportional to `weights` (repeats only when n
+    exceeds the pool)."""
+    if not tasks:
+        raise ValueError("tasks: expected at least one task to sample from, got none")
+    w = torch.tensor(weights, dtype=torch.float64)
+    order = []
+    while len(order) < n:
+        order += torch.multinomial(w, len(tasks), replacement=False, generator=generator).tolist()
+    return [tasks[i] for i in order[:n]]
+
+
+def draw_tasks(tasks: list, n: int, generator: torch.Generator, weights: list[float] | None = None) -> list:
+    return choose_tasks(tasks, n, generator) if weights is None else choose_weighted_tasks(tasks, n, weights, generator)
+
+
+def informative(trajs: list[Trajectory], group_size: int) -> list[Trajectory]:
+    """The episodes of groups (contiguous runs of group_size) whose rewards are not all equal."""
     kept = []
-    for g in range(cfg.tasks_per_step):
-        rows = sampled[g * cfg.group_size:(g + 1) * cfg.group_size]
+    for i in range(0, len(trajs), group_size):
+        rows = trajs[i:i + group_size]
         if len({t.reward for t in rows}) > 1:
             kept += rows
+    return kept
+
+
+def keep_all(first: list[Trajectory], more, cfg) -> tuple[list, list]:
+    return first, first
+
+
+def keep_informative(first: list[Trajectory], more, cfg) -> tuple[list, list]:
+    return informative(first, cfg.group_size), first
+
+
+def keep_resample(first: list[Trajectory], more, cfg) -> tuple[list, list]:
+    """DAPO dynamic sampling: keep informative groups and draw more (`more(n)` samples n further groups) until the
+    batch holds tasks_per_step of them, at most resample_cap x tasks_per_step groups drawn in all. Every drawn
+    episode is in `sampled`, so the dashboard counts every rollout."""
+    kept, sampled = informative(first, cfg.group_size), list(first)
+    drawn, cap = cfg.tasks_per_step, cfg.resample_cap * cfg.tasks_per_step
+    while len(kept) < cfg.tasks_per_step * cfg.group_size and drawn < cap:
+        n = min(cfg.tasks_per_step - len(kept) // cfg.group_size, cap - drawn)
+        extra = more(n)
+        kept += informative(extra, cfg.group_size)
+        sampled += extra
+        drawn += n
     return kept, sampled
+
+
+KEEP = {"all": keep_all, "informative": keep_informative, "resample": keep_resample}   # keys: config.KEEP_MODES
+
+
+def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
+                temperature: float | None = None, weights: list[float] | None = None
+                ) -> tuple[list[Trajectory], list[Trajectory]]:
+    """One step's batch: `tasks_per_step` tasks (uniformly, or by curriculum `weights`) x `group_size` episodes.
+    Returns (kept, sampled); `kept` is what the update trains on (KEEP[cfg.keep]: all groups, only informative
+    ones, or informative ones topped up by further draws) and `sampled` every episode the step played."""
+    chosen = draw_tasks(tasks, cfg.tasks_per_step, generator, weights)
+    sampled = sample_groups(model, env_factory, chosen, tok, cfg, generator, temperature)
+    seen, drawn = {t.name for t in chosen}, [len(chosen)]
+
+    def more(n: int) -> list[Trajectory]:
+        """n more groups, from tasks this step has not drawn yet while there are any; group ids continue."""
+        pool = [i for i, t in enumerate(tasks) if t.name not in seen] or list(range(len(tasks)))
+        pick = draw_tasks([tasks[i] for i in pool], n, generator, None if weights is None else
+                          [weights[i] for i in pool])
+        seen.update(t.name for t in pick)
+        extra = sample_groups(model, env_factory, pick, tok, cfg, generator, temperature)
+        for t in extra:
+            t.group += drawn[0]
+        drawn[0] += len(pick)
+        return extra
+
+    return KEEP[cfg.keep](sampled, more, cfg)

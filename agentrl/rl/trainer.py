@@ -2,7 +2,9 @@
 
     train(model, tasks, tok, cfg, steps)
       for each step:
-        kept, sampled = sample_step(...)               sampling (the rollout generator is the root stream)
+        step_cfg = step_config(...)                    learning-rate schedule, adaptive entropy coefficient
+        kept, sampled = sample_step(...)               sampling (the rollout generator is the root stream), tasks
+                                                       weighted by the curriculum, groups kept per cfg.keep
         batch = prepare_batch(kept, ...)               collate + action mask + group advantages
         update = rl_update(model, optimizer, batch)    old log-probs frozen before the first minibatch, then per
                                                        minibatch: reference log-probs, clipped surrogate (+ KL to
@@ -24,11 +26,13 @@ import torch
 
 from agentrl.config import ConfigError, Diverged, RLConfig
 from agentrl.env.gym import make_env_factory
+from agentrl.rl.curriculum import curriculum_row, task_weights
 from agentrl.rl.dashboard import batch_hash, dashboard_row
 from agentrl.rl.objectives import (aggregate_loss, compute_advantages, entropy_bonus, entropy_from_logits,
                                    kl_penalty, masked_mean, policy_loss, selected_log_probs)
 from agentrl.model.packing import real_positions
 from agentrl.rl.rollout import Trajectory, collate, sample_step
+from agentrl.rl.schedule import schedule_row, scheduled, set_lr, step_config
 from agentrl.seeding import generator as stream_generator
 
 
@@ -69,7 +73,7 @@ def trajectory_mask(batch: dict) -> torch.Tensor:
 
 
 def group_advantages(batch: dict, cfg: RLConfig) -> torch.Tensor:
-    return compute_advantages(batch["rewards"], batch["group"], cfg.adv_std_scale)
+    return compute_advantages(batch["rewards"], batch["group"], estimator=cfg.adv_estimator, scale=cfg.reward_scale)
 
 
 def recomputed_old_log_probs(mbs: list[dict], recomputed: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -305,6 +309,7 @@ class TrainState:
     start_step: int = 0
     batch: dict | None = None          # the current step's prepared batch (for guards' replay bundles)
     update: dict | None = None         # the current step's update statistics
+    cfg: RLConfig | None = None        # the current step's config (agentrl.rl.schedule.step_config)
 
 
 class Hook:
@@ -349,25 +354,31 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = 
         for hook in hooks:
             hook.on_start(state)
     for step in range(start_step, steps):
+        state.cfg = step_cfg = step_config(cfg, step, steps, state.history)
+        if scheduled(cfg):
+            set_lr(optimizer, step_cfg.lr)
         for hook in hooks:
             hook.before_step(step, state)
-        kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator, temperature)
-        state.batch = prepare_batch(kept, tok, cfg, seams)
+        kept, sampled = sample_step(model, env_factory, tasks, tok, step_cfg, generator, temperature,
+                                    task_weights(cfg, tasks, state.history))
+        state.batch = prepare_batch(kept, tok, step_cfg, seams)
         for hook in hooks:
             hook.before_update(step, state)
         try:
-            update = rl_update(model, optimizer, state.batch, cfg, ref, seams) if kept else {}
+            update = rl_update(model, optimizer, state.batch, step_cfg, ref, seams) if kept else {}
         except NonFiniteError as exc:
             for hook in hooks:
                 hook.on_failure(step, state, exc)
             raise NonFiniteError(f"step {step}: {exc} — stopped" + (f"; replay bundle: {exc.bundle}" if exc.bundle
                                                                    else ""), exc.stats, exc.bundle) from None
         state.update = update
-        row = {"step": step, **dashboard_row(sampled, update), "batch_hash": batch_hash(sampled)}
+        row = {"step": step, **dashboard_row(sampled, update), "batch_hash": batch_hash(sampled),
+               "rollouts": len(sampled), "trained": len(kept), **schedule_row(cfg, step_cfg),
+               **curriculum_row(cfg, sampled)}
         for hook in hooks:
             hook.on_row(step, state, row)
         state.history.append(row)
         for hook in hooks:
             hook.after_step(step + 1, state)
-    state.batch = state.update = None
+    state.batch = state.update = state.cfg = None
     return state.history
