@@ -1,4 +1,4 @@
-"""python -m agentrl {check, envcheck, bench, audit, replay, study, compare-reports}.
+"""python -m agentrl {check, envcheck, bench, audit, replay, study, sweep, compare-reports}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works.
@@ -158,6 +158,11 @@ def cmd_study(args) -> int:
     return run_study(args)
 
 
+def cmd_sweep(args) -> int:
+    from agentrl.sweep.driver import main
+    return main(args.stage, args.address, args.max_parallel)
+
+
 def cmd_deps(args) -> int:
     from agentrl.tracking.closure import rewrite_dvc_yaml
     changed = rewrite_dvc_yaml(".")
@@ -196,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bundle-dir", default="data/train/bundles")
     s = sub.add_parser("study", help="summarize a study run outside the default pipeline")
     s.add_argument("name", choices=["length-bias"])
+    w = sub.add_parser("sweep", help="run a matrix stage's missing or stale instances as Ray tasks, recorded in "
+                                     "dvc.lock as by dvc repro (docs/sweep.md)")
+    w.add_argument("stage", help="a stage with a matrix or foreach, e.g. ablate")
+    w.add_argument("--address", help="join a running Ray cluster (default: $RAY_ADDRESS, else a local Ray started "
+                                     "and stopped by the command)")
+    w.add_argument("--max-parallel", type=_int_at_least(1), help="at most this many instances at once")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
     m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
@@ -207,5 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
-             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps}
+             "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
+             "sweep": cmd_sweep}
     return verbs[args.cmd](args)

@@ -18,7 +18,7 @@ LAYERS = [
     ["agentrl.faults"],
     ["agentrl.tracking"],
     ["agentrl.report"],
-    ["agentrl.stage", "agentrl.studies", "agentrl.bench", "agentrl.cli", "agentrl.__main__"],
+    ["agentrl.stage", "agentrl.studies", "agentrl.bench", "agentrl.sweep", "agentrl.cli", "agentrl.__main__"],
 ]
 
 
