@@ -27,10 +27,11 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from agentrl.sweep.plan import Instance, SweepError, commit, plan
+from agentrl.sweep.plan import Instance, SweepError, check_stage, commit, plan
 from agentrl.sweep.worker import CODE, read_tree, run_instance, write_tree
 from agentrl.tracking.provenance import versions
 from agentrl.tracking.run import replay_run
@@ -39,6 +40,7 @@ from agentrl.tracking.store import StoreError, probe, tracking_uri
 ATTEMPTS = 2            # a failed or lost instance is run once more
 PROGRESS_EVERY = 30.0   # seconds between progress lines when nothing finishes
 PROBE_TIMEOUT = 3.0
+JOIN_TIMEOUT = 45.0    # seconds for ray.init to join a cluster whose address answers
 LOCAL_OBJECT_STORE = 256 * 1024 ** 2
 
 
@@ -48,9 +50,11 @@ def _clock(seconds: float) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The gist of an exception: its type and last line, up to the first sentence's end (Ray's run long)."""
     text = str(getattr(exc, "cause", None) or exc).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+    gist = lines[-1].split(". ", 1)[0] if lines else ""
+    return f"{type(exc).__name__}: {gist}".rstrip(": ")
 
 
 def check_address(address: str) -> None:
@@ -122,6 +126,7 @@ class Sweep:
         self.attempts: dict[str, int] = {}
         self.done: list[str] = []
         self.failed: dict[str, str] = {}
+        self.events: list[str] = []      # what happened since the last progress line
         self.durations: list[float] = []
         self.started = self.last_progress = time.time()
         self.task = ray.remote(run_instance)
@@ -199,31 +204,38 @@ class Sweep:
         if result["ok"]:
             self.done.append(inst.name)
             self.durations.append(result.get("seconds") or time.time() - submitted)
-            self.progress(f"{inst.name} recorded ({_clock(result.get('seconds', 0))} on {result.get('host', '?')})")
+            self.events.append(f"{inst.name} recorded ({_clock(result.get('seconds', 0))}, "
+                               f"{result.get('host', '?')})")
         elif attempt < ATTEMPTS and not result.get("final"):
             self.queue.insert(0, inst)
-            self.progress(f"{inst.name} failed, trying again: {result['error']}")
+            self.events.append(f"{inst.name} failed, trying again: {result['error']}")
         else:
             self.failed[inst.name] = f"{result['error']} (log: {log.relative_to(self.root)})"
-            self.progress(f"{inst.name} failed: {result['error']}")
+            self.events.append(f"{inst.name} failed: {result['error']}")
 
     def run(self) -> None:
-        self.progress(f"{len(self.todo)} to run as Ray tasks of {max(i.threads for i in self.todo)} CPUs, "
-                      f"sweep id {self.id}")
+        self.events.append(f"{len(self.todo)} to run as Ray tasks of {max(i.threads for i in self.todo)} CPUs, "
+                           f"sweep id {self.id}")
         while self.queue or self.pending:
             cap = self.capacity()
             if cap == 0:
                 for inst in self.queue + [p[0] for p in self.pending.values()]:
                     self.failed[inst.name] = f"no node left with {inst.threads} CPUs"
+                self.cancel()
                 self.queue, self.pending = [], {}
                 break
             while self.queue and len(self.pending) < cap:
                 self.submit(self.queue.pop(0))
+            for event in self.events:
+                self.progress(event)
+            self.events = []
             ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=5.0)
             for ref in ready:
                 self.finish(ref)
             if not ready and time.time() - self.last_progress >= PROGRESS_EVERY:
                 self.progress()
+        for event in self.events:
+            self.progress(event)
 
     def cancel(self) -> None:
         for ref in list(self.pending):
@@ -241,17 +253,32 @@ def _start_ray(address: str | None, code: Path, temp_dir: Path | None):
                       _temp_dir=str(temp_dir))
     else:
         kwargs["address"] = address
+    def give_up():  # a port that accepts connections but is no Ray head: ray.init would wait for minutes
+        print(f"error: sweep: the Ray cluster at {address} did not answer within {JOIN_TIMEOUT:.0f} s (is it the "
+              "head's GCS port, as printed by `ray start --head`?)", file=sys.stderr, flush=True)
+        shutil.rmtree(code, ignore_errors=True)
+        os._exit(2)
+    watchdog = threading.Timer(JOIN_TIMEOUT, give_up)
+    watchdog.daemon = True
+    if address is not None:
+        watchdog.start()
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         ray.shutdown()
         raise SweepError(f"cannot join the Ray cluster at {address}: {_one_line(exc)}") from None
+    finally:
+        watchdog.cancel()
     return ray
 
 
 def main(stage: str, address: str | None = None, max_parallel: int | None = None, root: Path | str = ".") -> int:
     root = Path(root).resolve()
+    address = address or os.environ.get("RAY_ADDRESS") or None
     try:
+        check_stage(stage, root)
+        if address:
+            check_address(address)
         instances, todo = plan(stage, root)
         if not instances:
             print(f"sweep {stage}: the matrix has no instances (its lists in params.yaml are empty)")
@@ -259,9 +286,6 @@ def main(stage: str, address: str | None = None, max_parallel: int | None = None
         if not todo:
             print(f"sweep {stage}: all {len(instances)} instances are current (dvc status is clean); nothing to run")
             return 0
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        if address:
-            check_address(address)
         probe(tracking_uri(root))
     except (SweepError, StoreError) as exc:
         print(f"error: sweep: {exc}", file=sys.stderr)

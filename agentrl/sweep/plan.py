@@ -25,7 +25,8 @@ class Instance:
     threads: int              # run.threads: the CPUs one instance occupies
 
 
-def _definition(stage: str, root: Path) -> dict:
+def check_stage(stage: str, root: Path) -> dict:
+    """The dvc.yaml definition of a matrix stage; one line naming what is wrong otherwise."""
     import yaml
     try:
         stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
@@ -61,7 +62,7 @@ def plan(stage: str, root: Path | str = ".") -> tuple[list[Instance], list[Insta
     """(every instance of `stage`, those that are missing or stale). Refuses when a stage upstream of them is not
     current: `dvc repro` would rebuild it first, so the instances would run on inputs about to change."""
     root = Path(root).resolve()
-    _definition(stage, root)
+    check_stage(stage, root)
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
     try:

@@ -68,6 +68,15 @@ def _env(record_dir: Path, sweep_id: str) -> dict:
     return env
 
 
+def _where() -> str:
+    """The Ray node this runs on (Ray is already loaded in a worker process), and the host."""
+    ray = sys.modules.get("ray")
+    try:
+        return f"node {ray.get_runtime_context().get_node_id()[:8]} on {socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - outside Ray
+        return socket.gethostname()
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -94,7 +103,7 @@ def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                               preexec_fn=_die_with_parent)
         log = proc.stdout[-LOG_TAIL:]
-        result = {"ok": proc.returncode == 0, "error": None, "log": log, "host": socket.gethostname(),
+        result = {"ok": proc.returncode == 0, "error": None, "log": log, "host": _where(),
                   "outs": {}, "side": {}, "record": {}, "seconds": 0.0}
         missing = [out for out in spec["outs"] if not (work / out).exists()]
         if proc.returncode != 0:
