@@ -1,11 +1,12 @@
 """`python -m agentrl sweep`: matrix instances as Ray tasks, recorded by DVC as if `dvc repro` ran them.
 
-Fast tier: bad input (one line, exit code 2, within 10 s), Ray imported only by the sweep driver, a deferred MLflow
-run replayed into a store, outputs installed whole. Slow tier, on a tiny pipeline (a small model, one training
-step; upstream stages built once by `dvc repro`): a two-node local cluster (head + one worker, one CPU each)
-sweeps the ablation matrix (dvc status clean, a second sweep computes nothing, the bytes of `dvc repro`, one MLflow
-run per instance); a worker node killed by pid mid-sweep costs only its instance; the cluster's processes are
-stopped by pid; a local Ray interrupted by SIGINT leaves no process and nothing half-recorded in dvc.lock.
+Fast tier: bad input (one line, exit code 2, within 10 s), Ray imported only by the sweep driver, a failed run
+recorded in deferred mode, outputs installed whole. Slow tier: an empty matrix; a deferred MLflow run replayed into
+a store; and on a tiny pipeline (a small model, one training step; upstream stages built once by `dvc repro`): a
+two-node local cluster (head + one worker, one CPU each) sweeps the ablation matrix (dvc status clean, a second
+sweep computes nothing, the bytes of `dvc repro`, one MLflow run per instance); a worker node killed by pid
+mid-sweep costs only its instance; the cluster's processes are stopped by pid; a local Ray interrupted by SIGINT
+leaves no process and nothing half-recorded in dvc.lock.
 """
 from __future__ import annotations
 
@@ -160,6 +161,7 @@ def test_bad_input_is_one_line_within_ten_seconds(args, extra, fragment):
     assert fragment in lines[0]
 
 
+@pytest.mark.slow   # seconds of DVC index / MLflow schema migrations
 def test_an_empty_matrix_has_nothing_to_run():
     out = sweep(REPO, "length_pair")
     assert "no instances" in out.stdout
@@ -173,6 +175,7 @@ def _mini_project(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow   # seconds of DVC index / MLflow schema migrations
 def test_a_deferred_run_is_replayed_into_the_store(tmp_path, monkeypatch):
     """A worker records its run (no store reachable); the driver replays it: one FINISHED run with the worker's
     params, metrics, tags and artifacts plus the sweep tag, and the provenance record naming the new run id."""

@@ -186,7 +186,9 @@ class Sweep:
         inst, attempt, submitted = self.pending.pop(ref)
         try:
             result = self.ray.get(ref)
-        except self.ray.exceptions.RayError as exc:   # a lost node or worker, a cancelled task
+        except self.ray.exceptions.RayTaskError as exc:   # the worker's own code raised
+            result = {"ok": False, "error": f"worker error: {_one_line(exc)}", "log": str(exc)}
+        except self.ray.exceptions.RayError as exc:       # a lost node or worker
             result = {"ok": False, "error": f"lost: {_one_line(exc)}", "log": str(exc)}
         log = self._log(inst, attempt, result.get("log", ""))
         with _signals_held():
@@ -201,17 +203,17 @@ class Sweep:
             else:
                 with contextlib.suppress(Exception):
                     self._replay(inst, attempt, result)
-        if result["ok"]:
-            self.done.append(inst.name)
-            self.durations.append(result.get("seconds") or time.time() - submitted)
-            self.events.append(f"{inst.name} recorded ({_clock(result.get('seconds', 0))}, "
-                               f"{result.get('host', '?')})")
-        elif attempt < ATTEMPTS and not result.get("final"):
-            self.queue.insert(0, inst)
-            self.events.append(f"{inst.name} failed, trying again: {result['error']}")
-        else:
-            self.failed[inst.name] = f"{result['error']} (log: {log.relative_to(self.root)})"
-            self.events.append(f"{inst.name} failed: {result['error']}")
+            if result["ok"]:
+                self.done.append(inst.name)
+                self.durations.append(result.get("seconds") or time.time() - submitted)
+                self.events.append(f"{inst.name} recorded ({_clock(result.get('seconds', 0))}, "
+                                   f"{result.get('host', '?')})")
+            elif attempt < ATTEMPTS and not result.get("final"):
+                self.queue.insert(0, inst)
+                self.events.append(f"{inst.name} failed, trying again: {result['error']}")
+            else:
+                self.failed[inst.name] = f"{result['error']} (log: {log.relative_to(self.root)})"
+                self.events.append(f"{inst.name} failed: {result['error']}")
 
     def run(self) -> None:
         self.events.append(f"{len(self.todo)} to run as Ray tasks of {max(i.threads for i in self.todo)} CPUs, "
@@ -316,8 +318,8 @@ def main(stage: str, address: str | None = None, max_parallel: int | None = None
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut the shutdown short
         try:
-            if ray is not None:
-                ray.shutdown()
+            if "ray" in sys.modules:   # also after a Ctrl-C inside ray.init
+                sys.modules["ray"].shutdown()
             shutil.rmtree(scratch / "code", ignore_errors=True)
             for sub in ("new", "old", "runs"):
                 shutil.rmtree(scratch / sub, ignore_errors=True)

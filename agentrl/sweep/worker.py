@@ -82,6 +82,18 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def _side_files(work: Path, shipped: set[str], outs: list[str]) -> dict[str, bytes]:
+    """Files the stage wrote besides its outputs (replay bundles), which `dvc repro` would leave in the work tree;
+    not the provenance record (the driver writes it) nor the recorded run."""
+    def side(rel: str) -> bool:
+        parts = rel.split("/")
+        return (rel not in shipped and parts[0] != RECORD and not set(parts) & set(SKIP)
+                and parts[:2] != ["reports", "provenance"]
+                and not any(rel == out or rel.startswith(out.rstrip("/") + "/") for out in outs))
+    written = (p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+    return {rel: (work / rel).read_bytes() for rel in written if side(rel)}
+
+
 def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
     """Run `spec["cmd"]` (the instance `spec["name"]`) with `inputs` in place; return {"ok", "error", "outs",
     "side", "record", "log", "host", "seconds"}: the declared outputs, other files it wrote (replay bundles), the
@@ -115,12 +127,6 @@ def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
                 result["outs"].update(read_tree(work, out))
         if (work / RECORD).is_dir():
             result["record"] = read_tree(work / RECORD, ".")
-        written = (p.relative_to(work) for p in work.rglob("*") if p.is_file())
-        result["side"] = {rel.as_posix(): (work / rel).read_bytes() for rel in written
-                          if rel.as_posix() not in shipped and rel.as_posix() not in result["outs"]
-                          and rel.parts[0] != RECORD and not set(rel.parts) & set(SKIP)
-                          and rel.parts[:2] != ("reports", "provenance")
-                          and not any(rel.as_posix().startswith(out.rstrip("/") + "/") or rel.as_posix() == out
-                                      for out in spec["outs"])}
+        result["side"] = _side_files(work, shipped, spec["outs"])
     result["seconds"] = round(time.time() - started, 3)
     return result
