@@ -1,4 +1,4 @@
-"""python -m agentrl {check, envcheck, bench, audit, replay, study, research, compare-reports}.
+"""python -m agentrl {check, envcheck, bench, audit, replay, study, research, sweep, compare-reports, deps}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works.
@@ -175,6 +175,11 @@ def cmd_research(args) -> int:
     return main(args.name, args.seeds, args.steps)
 
 
+def cmd_sweep(args) -> int:
+    from agentrl.sweep.driver import main
+    return main(args.stage, args.address, args.max_parallel)
+
+
 def cmd_deps(args) -> int:
     from agentrl.tracking.closure import rewrite_dvc_yaml
     changed = rewrite_dvc_yaml(".")
@@ -217,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", choices=["entropy-collapse", "rollout-efficiency", "stopping", "all"])
     q.add_argument("--seeds", type=_seed_list, help="seeds per arm, e.g. 0,1,2 (default: the study's)")
     q.add_argument("--steps", type=_int_at_least(1), help="steps per run (default: the study's)")
+    w = sub.add_parser("sweep", help="run a matrix stage's missing or stale instances as Ray tasks, recorded in "
+                                     "dvc.lock as by dvc repro (docs/sweep.md)")
+    w.add_argument("stage", help="a stage with a matrix or foreach, e.g. ablate")
+    w.add_argument("--address", help="join a running Ray cluster (default: $RAY_ADDRESS, else a local Ray started "
+                                     "and stopped by the command)")
+    w.add_argument("--max-parallel", type=_int_at_least(1), help="at most this many instances at once")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
     m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
@@ -229,5 +240,5 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
-             "research": cmd_research}
+             "research": cmd_research, "sweep": cmd_sweep}
     return verbs[args.cmd](args)

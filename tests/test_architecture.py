@@ -19,7 +19,7 @@ LAYERS = [
     ["agentrl.tracking"],
     ["agentrl.report"],
     ["agentrl.stage", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
-     "agentrl.cli", "agentrl.__main__"],
+     "agentrl.sweep", "agentrl.cli", "agentrl.__main__"],
 ]
 
 

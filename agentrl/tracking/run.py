@@ -7,6 +7,10 @@ pipeline-run id so the runs of one `dvc repro` can be found together) and yields
 writes the stage's provenance record, `reports/provenance/<stage>.json` (the run id, git commit, timestamps and
 wall time live there and in MLflow, never in the stage's outputs), logs it as an artifact and marks the run
 FINISHED; an exception marks it FAILED, Ctrl-C or SIGTERM KILLED.
+
+Deferred mode, for a stage run on a node that cannot reach the store (`python -m agentrl sweep`): with
+$AGENTRL_TRACKING_DEFER naming a directory, the run is recorded there instead (`Recorder`: the same calls, kept as
+JSON and files), and `replay_run` later logs it into the project's store and writes its provenance record.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, M
                                     tracking_uri)
 
 RECORD_DIR = Path("reports") / "provenance"
+DEFER_ENV = "AGENTRL_TRACKING_DEFER"
 
 
 class Terminated(BaseException):
@@ -230,11 +235,14 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
     work, root = work_root(), project_root()
     uri = tracking_uri(root)
     record = build_provenance(stage, params, inputs, threads, root=work)  # fails before any run exists
-    probe(uri)
+    if os.environ.get(DEFER_ENV):
+        client, exp_id, orphans = Recorder(os.environ[DEFER_ENV]), None, []
+    else:
+        probe(uri)
+        client = _client(uri)
+        exp_id = _ensure_experiment(client, uri, experiment, artifact_location(uri, root))
+        orphans = close_orphans(client, exp_id, stage)
     git = git_info(work)
-    client = _client(uri)
-    exp_id = _ensure_experiment(client, uri, experiment, artifact_location(uri, root))
-    orphans = close_orphans(client, exp_id, stage)
     run = _retry(client.create_run, exp_id, run_name=stage, tags=_run_tags(record, git, work, root))
     handle = StageRun(client, run.info.run_id, record)
     handle.previous_runs = orphans
@@ -273,3 +281,85 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
             if clean:
                 raise
             print(f"warning: could not mark MLflow run {handle.run_id} as {status}", file=sys.stderr)
+
+
+class Recorder:
+    """The subset of MlflowClient a `StageRun` calls, recording into a directory instead of a store: `run.json`
+    (tags, params, metrics, status, times; written when the run ends) and `artifacts/<artifact path>/...`."""
+
+    RUN_ID = "deferred"
+
+    def __init__(self, directory: Path | str):
+        self.dir = Path(directory)
+        self.run: dict = {"params": {}, "tags": {}, "metrics": [], "artifacts": [], "status": "RUNNING"}
+
+    def create_run(self, experiment_id, run_name: str, tags: Mapping, start_time: int | None = None):
+        from types import SimpleNamespace
+        self.run.update(name=run_name, start_time=start_time or int(time.time() * 1000))
+        self.run["tags"].update(tags)
+        return SimpleNamespace(info=SimpleNamespace(run_id=self.RUN_ID))
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=()):
+        self.run["metrics"] += [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+        self.run["params"].update({p.key: p.value for p in params})
+        self.run["tags"].update({t.key: t.value for t in tags})
+
+    def set_tag(self, run_id, key: str, value: str):
+        self.run["tags"][key] = value
+
+    def log_artifact(self, run_id, local_path: str, artifact_path: str | None = None):
+        import shutil
+        dest = self.dir / "artifacts" / (artifact_path or "")
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local_path, dest / Path(local_path).name)
+        self.run["artifacts"].append([Path(artifact_path or "", Path(local_path).name).as_posix(), artifact_path])
+
+    def log_artifacts(self, run_id, local_dir: str, artifact_path: str | None = None):
+        for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+            parent = path.parent.relative_to(local_dir).as_posix()
+            sub = "/".join(x for x in (artifact_path, "" if parent == "." else parent) if x)
+            self.log_artifact(run_id, str(path), sub or None)
+
+    def set_terminated(self, run_id, status: str = "FINISHED"):
+        self.run.update(status=status, end_time=int(time.time() * 1000))
+        _write_record(self.dir / "run.json", self.run)
+
+
+def replay_run(directory: Path | str, tags: Mapping | None = None, root: Path | str | None = None,
+               experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """Log a run a `Recorder` kept in `directory` into the project's store (with extra `tags`, e.g. the sweep id)
+    and, for a finished run, write its provenance record where the stage itself would have (the driver's commit and
+    the new run id filled in). Returns the run id."""
+    directory, root = Path(directory), Path(root).resolve() if root is not None else project_root()
+    kept = json.loads((directory / "run.json").read_text())
+    uri = tracking_uri(root)
+    probe(uri)
+    client = _client(uri)
+    exp_id = _ensure_experiment(client, uri, experiment, artifact_location(uri, root))
+    git = git_info(root)
+    run_tags = {**kept["tags"], **(tags or {}), "git.commit": git["commit"], "git.dirty": str(git["dirty"]).lower(),
+                "process": process_tag()}
+    run_tags.pop("workdir", None)
+    if git["commit"] != "unknown":
+        run_tags["mlflow.source.git.commit"] = git["commit"]
+    run = _retry(client.create_run, exp_id, start_time=kept["start_time"], run_name=kept["name"],
+                 tags={_key(k): _value_text(v, MAX_TAG_VALUE) for k, v in run_tags.items()})
+    run_id = run.info.run_id
+    from mlflow.entities import Metric, Param
+    for chunk in _chunks([Param(k, v) for k, v in sorted(kept["params"].items())], MAX_PARAMS_TAGS_PER_BATCH):
+        _retry(client.log_batch, run_id, params=chunk)
+    for chunk in _chunks([Metric(*m) for m in kept["metrics"]], MAX_METRICS_PER_BATCH):
+        _retry(client.log_batch, run_id, metrics=chunk)
+    for rel, artifact_path in kept["artifacts"]:
+        if artifact_path == "provenance":
+            record = json.loads((directory / "artifacts" / rel).read_text())
+            record.update(git_commit=git["commit"], dirty=git["dirty"], pipeline_run=run_tags.get("pipeline_run", ""))
+            record["mlflow"].update(run_id=run_id, experiment=experiment, tracking_uri=configured_uri())
+            path = record_path(record["stage"], root)
+            _write_record(path, record)
+            write_index(path.parent)
+            _retry(client.log_artifact, run_id, str(path), "provenance")
+        else:
+            _retry(client.log_artifact, run_id, str(directory / "artifacts" / rel), artifact_path)
+    _retry(client.set_terminated, run_id, kept["status"], end_time=kept.get("end_time"))
+    return run_id
