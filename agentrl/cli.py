@@ -94,34 +94,64 @@ def cmd_envcheck(args) -> int:
     return 0 if ok else 1
 
 
+def _rl_override(text: str) -> tuple[str, object]:
+    import yaml
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (an rl key), got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{key}: not a YAML value: {value!r}") from None
+
+
 def cmd_check(args) -> int:
     set_threads(args.threads)
+    import json
+
+    import agentrl
     from agentrl.config import RLConfig, UserError
     from agentrl.env.tasks import make_tasks
     from agentrl.env.tokenizer import build_tokenizer
     from agentrl.faults.registry import EXPECTED_FAILURES, seams_for
-    from agentrl.rl.invariants import CHECKS, failed_checks, sanity_checks
+    from agentrl.rl.invariants import CHECKS, THRESHOLDS, failed_checks, margin, sanity_checks
     from agentrl.rl.rollout import sample_step
     from agentrl.rl.trainer import env_factory_for
     from agentrl.seeding import generator
     tok = build_tokenizer(make_tasks("all"))
+    overrides = dict(args.rl or [])
+    unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
+    if unknown:
+        return fail(f"check: --rl {unknown[0]}: not an rl key here (--seed and --kl-coef set those)")
     try:
+        cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed, **overrides)
         seams = seams_for(args.bug)
+    except UserError as exc:
+        return fail(str(exc))
+    try:
         model, source = load_model(args, tok)
     except UserError as exc:
         return fail(str(exc) + ("" if args.model or args.quick_base else " (or pass --model PATH or --quick-base)"))
-    cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed)
     batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(args.seed))
     res = sanity_checks(model, batch, tok, cfg, seams)
     print(f"check: nine invariants on one {len(batch)}-episode batch from {source}"
-          + (f", injected fault {args.bug}" if args.bug else ""))
+          + (f", injected fault {args.bug}" if args.bug else "")
+          + (", " + ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else ""))
     for i, name in enumerate(CHECKS):
         value, ok = res[name]
-        print(f"  {i + 1}. {name:20s} {float(value):12.4g}  {'pass' if ok else 'FAIL'}")
+        relation, threshold = THRESHOLDS[name]
+        clears = margin(name, value)
+        print(f"  {i + 1}. {name:20s} {float(value):12.4g}  {'pass' if ok else 'FAIL'}  ({relation} {threshold:g}"
+              + (f", {clears:.3g}x" if clears else "") + ")" + (f"  {res.errors[name]}" if name in res.errors else ""))
     failed = failed_checks(res)
     if args.bug:
         print(f"check: expected failures {sorted(EXPECTED_FAILURES[args.bug])}, got {sorted(failed)}")
     print("check: " + ("all nine invariants hold" if not failed else f"FAILED {sorted(failed)}"))
+    if args.json:
+        values = {n: float(res[n][0]) for n in CHECKS}
+        print(json.dumps({"package": str(Path(agentrl.__file__).parent), "checks": list(CHECKS), "values": values,
+                          "failed": sorted(failed), "errors": res.errors,
+                          "margins": {n: margin(n, v) for n, v in values.items()}}))
     return 0 if not failed else 1
 
 
@@ -205,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kl-coef", type=_nonneg_float, default=0.1)
     c.add_argument("--seed", type=_int_at_least(0), default=0)
     c.add_argument("--threads", type=_int_at_least(1), default=2)
+    c.add_argument("--rl", action="append", type=_rl_override, metavar="KEY=VALUE",
+                   help="an RLConfig field for this check, e.g. loss_mode=seq_mean_token_sum_norm (repeatable)")
+    c.add_argument("--json", action="store_true", help="also print the values as one JSON line")
     b = sub.add_parser("bench", help="step time at 1 and 2 threads, and the sampler against a full-recompute one")
     b.add_argument("--steps", type=_int_at_least(1), default=7, help="timed steps per thread count (after 2 warm-up)")
     b.add_argument("--threads", type=_thread_list, default=[1, 2])

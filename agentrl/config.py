@@ -118,6 +118,9 @@ class RLConfig(Section):
     kl_kind: str = knob("k3", str, choices=KL_KINDS)
     entropy_coef: float = knob(0.0, float)
     loss_mode: str = knob("token_mean", str, choices=LOSS_MODES)
+    loss_norm_len: int = _int(1024, "seq_mean_token_sum_norm divides the summed loss by rows x this constant (verl's "
+                              "loss_scale_factor), not by the padded width; default: the longest row the model "
+                              "takes (model.max_len)", lo=1)
     adv_std_scale: bool = knob(False, bool, "GRPO std scaling of group advantages (off: Dr. GRPO)")
     keep: str = knob("all", str, "train on all groups, or only 'informative' ones", choices=KEEP_MODES)
     max_turns: int = _int(6, lo=1)

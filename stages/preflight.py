@@ -42,13 +42,17 @@ def body(ctx):
                          "gate": float(out["gate"] == "passed")})
     ctx.run.log_artifact(REPORTS / "preflight.json")
     ctx.run.log_artifact(FIGURES / "preflight_matrix.png")
-    print("preflight: clean margins: " + ", ".join(f"{k} {float(v['value']):.3g}" for k, v in out["clean"].items()))
+    print("preflight: clean: " + ", ".join(f"{k} {float(v['value']):.3g} ({v['relation']} {v['threshold']:g}"
+                                           + (f", {v['margin']:.3g}x)" if v["margin"] else ")")
+                                           for k, v in out["clean"].items()))
     for b in rows:
         print(f"preflight: {b:15s} fails {out['failed'][b] or '-'} (expected {out['expected'][b] or '-'})")
     print(f"preflight: environment: expert {env['expert']['mean_reward']:.3f}, random {env['random']['mean_reward']:.3f}")
     if out["gate"] != "passed":
         clean = out["failed"]["None"]
+        errors = {k: v["error"] for k, v in out["clean"].items() if "error" in v}
         raise StageError("preflight gate failed: " + (f"clean trainer fails {clean}; " if clean else "")
+                         + (f"errors: {errors}; " if errors else "")
                          + (f"escaped: {out['escaped']}" if out["escaped"] else ""))
     # the gate file downstream stages depend on: the same content whenever the gate passes on the same inputs
     write_json(GATE, {"gate": "passed", "tokenizer": tok.hash, "clean_checks": out["checks"], "bugs": list(pcfg.bugs)})

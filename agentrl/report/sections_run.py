@@ -70,11 +70,14 @@ def sec_preflight(L, S, docs):
           f"The nine invariants on one step-0 batch of {S(PREFLIGHT, 'batch_episodes', 'd')} episodes from the RL "
           f"base (KL coefficient {S(PREFLIGHT, 'kl_coef', 'g')} so the KL check has teeth). Gate: "
           f"{S(PREFLIGHT, 'gate', 'str')}.", "", "Clean trainer, with margins:", ""]
+    # margin: times the value clears its threshold (docs/preflight.md); older preflight.json files have none
+    margins = all("margin" in cell for cell in pre["clean"].values())
     rows = []
     for i, check in enumerate(pre["checks"]):
-        rows.append([str(i + 1), f"`{check}`", S(PREFLIGHT, f"clean.{check}.value", ".3g"), _rule(S, check),
-                     S(PREFLIGHT, f"clean.{check}.passed", "passfail")])
-    L += table(["#", "invariant", "value", "passes if", "result"], rows)
+        rows.append([str(i + 1), f"`{check}`", S(PREFLIGHT, f"clean.{check}.value", ".3g"), _rule(S, check)]
+                    + ([S(PREFLIGHT, f"clean.{check}.margin", ".3g")] if margins else [])
+                    + [S(PREFLIGHT, f"clean.{check}.passed", "passfail")])
+    L += table(["#", "invariant", "value", "passes if"] + (["margin (x)"] if margins else []) + ["result"], rows)
     L += ["Fault matrix: each injected fault (rows) against each invariant (columns, numbered as above). "
           "FAIL = the invariant caught the fault; (expected) marks the cells SPEC §6 expects to fail.", ""]
     header = ["fault"] + [str(i + 1) for i in range(len(pre["checks"]))] + ["failed", "expected"]

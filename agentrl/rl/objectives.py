@@ -66,10 +66,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean") -> torch.Tensor:
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
+                   norm_len: int | None = None) -> torch.Tensor:
     """Reduce a per-token loss [B, L] to a scalar:
     token_mean: sum over masked tokens / their count;  seq_mean_token_mean: mean over rows of each row's mean;
-    seq_mean_token_sum: mean over rows of each row's sum;  seq_mean_token_sum_norm: total sum / (B * L)."""
+    seq_mean_token_sum: mean over rows of each row's sum;  seq_mean_token_sum_norm: total sum / (B * norm_len),
+    norm_len a constant (cfg.loss_norm_len; None: the padded width L, which moves with the batch's padding)."""
     masked = per_token * mask
     if mode == "token_mean":
         return masked.sum() / mask.sum().clamp(min=1)
@@ -78,7 +80,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
     if mode == "seq_mean_token_sum":
         return masked.sum(1).mean()
     if mode == "seq_mean_token_sum_norm":
-        return masked.sum() / (mask.shape[0] * mask.shape[1])
+        return masked.sum() / (mask.shape[0] * (mask.shape[1] if norm_len is None else norm_len))
     raise ValueError(f"loss_mode: unknown value {mode!r}; allowed: {', '.join(LOSS_MODES)}")
 
 
@@ -139,9 +141,10 @@ def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
     return masked_mean(torch.exp(log_r) - 1 - log_r, mask)
 
 
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: str = "token_mean") -> torch.Tensor:
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: str = "token_mean",
+                  norm_len: int | None = None) -> torch.Tensor:
     """Loss term -coef * aggregated entropy (a positive coef rewards entropy)."""
-    return -coef * aggregate_loss(entropy, mask, mode)
+    return -coef * aggregate_loss(entropy, mask, mode, norm_len)
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg):
@@ -155,7 +158,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     per_token = clip_objective(ratio, adv, low, high)
     if cfg.clip_ratio_c is not None:
         per_token = dual_clip(per_token, adv, cfg.clip_ratio_c)
-    loss = aggregate_loss(per_token, mask, cfg.loss_mode)
+    loss = aggregate_loss(per_token, mask, cfg.loss_mode, cfg.loss_norm_len)
     with torch.no_grad():
         on = mask > 0
         r = ratio[on] if on.any() else ratio.new_ones(1)

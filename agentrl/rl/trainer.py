@@ -162,9 +162,11 @@ def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
     logp, logits = forward_logp(model, mb["ids"])
     loss, stats = policy_loss(logp, old_logp, mb["advantages"], mask, cfg)
     if cfg.entropy_coef:
-        loss = loss + entropy_bonus(entropy_from_logits(logits), mask, cfg.entropy_coef, cfg.loss_mode)
+        loss = loss + entropy_bonus(entropy_from_logits(logits), mask, cfg.entropy_coef, cfg.loss_mode,
+                                    cfg.loss_norm_len)
     if ref_logp is not None:
-        loss = loss + cfg.kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, cfg.kl_kind), mask, cfg.loss_mode)
+        loss = loss + cfg.kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, cfg.kl_kind), mask, cfg.loss_mode,
+                                                   cfg.loss_norm_len)
     return loss, stats
 
 

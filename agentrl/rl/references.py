@@ -1,0 +1,107 @@
+"""Independent references for the invariants (agentrl.rl.invariants).
+
+Each quantity a check compares the trainer against is re-derived here from its definition, by code that calls
+nothing in agentrl.rl.objectives or agentrl.rl.trainer: the policy-token mask from the owners the sampler
+recorded, advantages from the rewards by the formula, log-probs from a fresh full forward (no cache), the loss
+token by token. A bug in one of the trainer's functions therefore cannot move both sides of a check. Plain and
+slow on purpose (loops over groups, rows and tokens, float64 after the logits); only the invariants call it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentrl.rl.rollout import OWNER
+
+ADV_EPS = 1e-6   # the advantage formula's epsilon: (r - group mean) / (unbiased group std + eps)
+
+# KL(pi || ref) per sampled token, x = log pi(token) - log ref(token) (Schulman's k1, k2, k3)
+KL_ESTIMATORS = {"k1": lambda x: x, "k2": lambda x: x * x / 2, "k3": lambda x: torch.exp(-x) - 1 + x}
+
+
+def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
+    """[B, width-1]: 1 where target ids[j+1] was sampled by the policy, read off each trajectory's owners."""
+    out = torch.zeros(len(trajs), width - 1)
+    for i, t in enumerate(trajs):
+        for j in range(1, len(t.owner)):
+            if t.owner[j] == OWNER["policy"]:
+                out[i, j - 1] = 1.0
+    return out
+
+
+def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_scale: bool) -> torch.Tensor:
+    """Per row: its reward minus its group's mean reward; with std_scale, divided by (the group's unbiased reward
+    std + ADV_EPS), the std of a group of one being 0."""
+    rewards, group = [float(r) for r in rewards], [int(g) for g in group]
+    out = []
+    for r, g in zip(rewards, group):
+        mates = [x for x, h in zip(rewards, group) if h == g]
+        mean = sum(mates) / len(mates)
+        a = r - mean
+        if std_scale:
+            std = math.sqrt(sum((x - mean) ** 2 for x in mates) / (len(mates) - 1)) if len(mates) > 1 else 0.0
+            a /= std + ADV_EPS
+        out.append(a)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def log_softmax_all(model, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(v | ids[:j+1]) for every position j < T-1 and every vocabulary entry v [B, T-1, V], float64, from
+    one full forward: the logits minus their log-sum-exp."""
+    z = model(ids)[:, :-1].double() / temperature
+    return z - torch.logsumexp(z, dim=-1, keepdim=True)
+
+
+def log_probs(model, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[j+1] | ids[:j+1]) [B, T-1], float64, from one full forward without a cache."""
+    return log_softmax_all(model, ids, temperature).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over the masked positions of the exact KL(model || ref) = sum_v p(v) log(p(v) / q(v)) (no estimator)."""
+    lp, lq = log_softmax_all(model, ids), log_softmax_all(ref, ids)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    return float((kl * mask).sum() / max(float(mask.sum()), 1.0))
+
+
+def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, cfg) -> torch.Tensor:
+    """The loss of one minibatch by its definition, token by token (differentiable in the model's weights only).
+    For each row i and each position j with mask 1, with lp = log p(ids[i, j+1]) and r = exp(lp - old):
+        l = -min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
+    (the entropy term when entropy_coef != 0, the KL term when ref_logp is given); then cfg.loss_mode:
+        token_mean: all l / their count;  seq_mean_token_mean: mean over rows of (row's l sum / row's count);
+        seq_mean_token_sum: mean over rows of the row's sum;  seq_mean_token_sum_norm: all l / (rows x
+        cfg.loss_norm_len). A row or batch with no token counts 1 token. old and ref are read as constants."""
+    logz = log_softmax_all(model, mb["ids"])
+    ids, mask, adv = mb["ids"], mb["action_mask"], mb["advantages"]
+    lo, hi = 1 - cfg.clip_eps, 1 + cfg.clip_eps
+    row_sums, row_counts = [], []
+    for i in range(ids.shape[0]):
+        terms = []
+        for j in torch.nonzero(mask[i]).flatten().tolist():
+            lp = logz[i, j, int(ids[i, j + 1])]
+            a = float(adv[i] if adv.dim() == 1 else adv[i, j])
+            r = torch.exp(lp - float(old_logp[i, j]))
+            rv = float(r.detach())
+            clipped = r if lo <= rv <= hi else torch.tensor(min(max(rv, lo), hi), dtype=r.dtype)
+            term = -min(r * a, clipped * a)
+            if cfg.entropy_coef:
+                entropy = -(logz[i, j].exp() * logz[i, j]).sum()
+                term = term - cfg.entropy_coef * entropy
+            if ref_logp is not None:
+                term = term + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_kind](lp - float(ref_logp[i, j]))
+            terms.append(term)
+        row_sums.append(sum(terms) if terms else logz.new_zeros(()))
+        row_counts.append(len(terms))
+    rows = len(row_sums)
+    if cfg.loss_mode == "token_mean":
+        return sum(row_sums) / max(sum(row_counts), 1)
+    if cfg.loss_mode == "seq_mean_token_mean":
+        return sum(s / max(n, 1) for s, n in zip(row_sums, row_counts)) / rows
+    if cfg.loss_mode == "seq_mean_token_sum":
+        return sum(row_sums) / rows
+    if cfg.loss_mode == "seq_mean_token_sum_norm":
+        return sum(row_sums) / (rows * cfg.loss_norm_len)
+    raise ValueError(f"loss_mode: unknown value {cfg.loss_mode!r}")
