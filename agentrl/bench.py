@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from pathlib import Path
 
 
 def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
@@ -115,6 +116,9 @@ def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict
 
 
 def run_bench(args, model, source: str, tok) -> int:
+    if args.profile:
+        print(profile_step_and_eval(model, tok, args.steps, max(args.threads)))
+        return 0
     from agentrl.config import RLConfig
     from agentrl.env.tasks import make_tasks
     cfg = RLConfig()
@@ -137,3 +141,54 @@ def run_bench(args, model, source: str, tok) -> int:
         print(f"  threads {threads}: KV cache {c['cached_s']:.3f} s, full recompute {c['full_s']:.3f} s: "
               f"{c['speedup']:.1f}x faster  ({c['same_episodes']:.0%} of episodes token-identical)")
     return 0
+
+
+def profile_step_and_eval(model, tok, steps: int, threads: int, top: int = 14) -> str:
+    """cProfile of `steps` training steps (after one warm-up) and of one evaluation pass (16 episodes on each of
+    the 10 validation tasks, the `train` stage's checkpoint evaluation). Returns the text: for each, the wall time,
+    the share spent inside torch ops (C calls) against Python, and the functions with the most own time."""
+    import cProfile
+    import io
+    import pstats
+    import torch
+    from agentrl.config import RLConfig
+    from agentrl.env.tasks import make_tasks
+    from agentrl.eval.evaluation import evaluate
+    from agentrl.rl.rollout import sample_step
+    from agentrl.rl.trainer import env_factory_for, make_optimizer, prepare_batch, rl_update
+    torch.set_num_threads(threads)
+    cfg, model = RLConfig(), copy.deepcopy(model)
+    opt, factory = make_optimizer(model, cfg), env_factory_for(cfg)
+    gen = torch.Generator().manual_seed(0)
+
+    def step():
+        kept, _ = sample_step(model, factory, make_tasks("train"), tok, cfg, gen)
+        rl_update(model, opt, prepare_batch(kept, tok, cfg), cfg)
+
+    def evaluation():
+        evaluate(model, make_tasks("val"), tok, 16, 1.0, torch.Generator().manual_seed(1), cfg)
+
+    step()   # warm-up: first-use costs (optimizer state, lazy imports) are not a step's
+    out = []
+    for name, fn, reps in ((f"{steps} training steps", step, steps), ("one evaluation pass (160 episodes)",
+                                                                        evaluation, 1)):
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(reps):
+            fn()
+        prof.disable()
+        wall = time.perf_counter() - t0
+        stats = pstats.Stats(prof)
+        own = {f: s[2] for f, s in stats.stats.items()}   # (file, line, name) -> own seconds
+        torch_ops = sum(t for (file, _, fname), t in own.items() if file == "~" and
+                        ("torch" in fname or "method" in fname or "built-in" in fname))
+        out.append(f"{name}: {wall:.3f} s wall at {threads} thread(s); own time in C calls (torch ops and builtins) "
+                   f"{torch_ops:.3f} s, in Python functions {sum(own.values()) - torch_ops:.3f} s")
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+        lines = buf.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+        out += [line.replace(str(Path.cwd()) + "/", "") for line in lines[start:] if line.strip()]
+        out.append("")
+    return "\n".join(out)

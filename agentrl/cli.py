@@ -243,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_thread_list, default=[1, 2])
     b.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
     b.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
+    b.add_argument("--profile", action="store_true", help="instead: cProfile of --steps training steps and one "
+                                                          "evaluation pass at the largest --threads (docs/performance.md)")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")

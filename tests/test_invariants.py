@@ -249,8 +249,14 @@ def _enumerated_rl_knobs():
     return out
 
 
+# numeric knobs, each at a typical non-default setting (the enumerated ones are picked up by _enumerated_rl_knobs)
+NUMERIC = [("clip_eps_high", 0.28, None, None), ("clip_eps_low", 0.1, "clip_eps_high", 0.28),
+           ("clip_ratio_c", 3.0, None, None), ("lr_warmup", 5, "lr_schedule", "cosine"),
+           ("entropy_coef", 0.01, None, None), ("entropy_target", 0.5, None, None), ("microbatches", 4, None, None),
+           ("epochs", 2, None, None), ("curriculum_window", 3, "curriculum", "pass_rate")]
 KNOBS = [("loss_mode", m, "kl_kind", k) for m in LOSS_MODES for k in KL_KINDS] + \
-        [(name, value, None, None) for name, value in _enumerated_rl_knobs() if name not in ("loss_mode", "kl_kind")]
+        [(name, value, None, None) for name, value in _enumerated_rl_knobs() if name not in ("loss_mode", "kl_kind")] + \
+        NUMERIC
 
 
 @pytest.mark.parametrize("knob,value,knob2,value2", KNOBS, ids=[f"{a}={b}" + (f",{c}={d}" if c else "")

@@ -30,3 +30,12 @@ def test_compare_catches_a_changed_a_moved_and_a_missing_number(tmp_path):
     assert res["differ"] == [("a.json:x.y", 1.5, 1.5000001)] and res["missing"] == ["a.json:x.z.1"]
     assert res["equal"] == 1 and res["moved_equal"] == 1
     assert numbers(tmp_path / "c.json") == {"moved.w": 7}
+
+
+def test_a_change_on_purpose_is_counted_under_its_reason_and_must_still_exist(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"gate": {"v": 1.0, "w": 2.0}, "other": 3.0}))
+    snap = snapshot(tmp_path)
+    (tmp_path / "a.json").write_text(json.dumps({"gate": {"v": 1.5}, "other": 4.0}))
+    res = compare(snap, tmp_path, [{"from": "a.json:gate.", "changed": "new gate"}])
+    assert res["changed"] == {"new gate": 1} and res["missing"] == ["a.json:gate.w"]
+    assert res["differ"] == [("a.json:other", 3.0, 4.0)]

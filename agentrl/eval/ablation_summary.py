@@ -36,13 +36,14 @@ def summarize(results: dict, acfg, seed: int) -> dict:
             d, dlo, dhi = paired_bootstrap_diff(task_rates("default"), rates, acfg.n_boot, acfg.alpha,
                                                 seed=stream_seed(seed, "ablate-paired", arm))
             arms[arm]["diff_vs_default"] = {"mean": d, "ci_lo": dlo, "ci_hi": dhi}
-    ref = "default" if "default" in acfg.arms else acfg.arms[0]
+    first = next(iter(acfg.arms))
+    ref = "default" if "default" in acfg.arms else first
     seed_sd = arms[ref]["seed_sd"]
     task_sd = statistics.stdev(task_rates(ref))
     power = [{"effect": e,
               "seeds_per_arm": seeds_for_power(seed_sd, e, POWER, LEVEL) if seed_sd > 0 else None,
               "tasks": tasks_for_power(task_sd, e, POWER, LEVEL) if task_sd > 0 else None} for e in EFFECTS]
     return {"arms": arms, "seeds": acfg.seeds, "steps": acfg.steps, "eval_per_task": acfg.eval_per_task,
-            "tasks": tasks, "alpha": acfg.alpha, "late_window": results[(acfg.arms[0], acfg.seeds[0])]["late_window"],
+            "tasks": tasks, "alpha": acfg.alpha, "late_window": results[(first, acfg.seeds[0])]["late_window"],
             "power": {"reference_arm": ref, "seed_sd": seed_sd, "task_sd": task_sd, "power": POWER, "alpha": LEVEL,
                       "rows": power}}

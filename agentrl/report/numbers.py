@@ -49,6 +49,8 @@ def _same(a, b) -> bool:
 def _where(spec: str, moved: list[dict]):
     """Where a snapshot number `file:path` lives now: (file, path), or ('removed', reason)."""
     for rule in moved:
+        if "changed" in rule:
+            continue
         if spec.startswith(rule["from"]):
             if "removed" in rule:
                 return "removed", rule["removed"]
@@ -58,10 +60,13 @@ def _where(spec: str, moved: list[dict]):
 
 
 def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict:
-    """-> {"equal", "moved_equal", "removed", "differ": [...], "missing": [...]}."""
+    """-> {"equal", "moved_equal", "removed", "changed", "differ": [...], "missing": [...]}. A rule
+    {"from": prefix, "changed": reason} names numbers a later change moved on purpose: they still have to exist,
+    and a difference there is counted under its reason instead of in "differ"."""
     reports_dir = Path(reports_dir)
     now = {}
-    out = {"equal": 0, "moved_equal": 0, "removed": {}, "differ": [], "missing": []}
+    changed = [r for r in moved if "changed" in r]
+    out = {"equal": 0, "moved_equal": 0, "removed": {}, "changed": {}, "differ": [], "missing": []}
     for file, values in snap.items():
         for path, old in values.items():
             spec = f"{file}:{path}"
@@ -76,7 +81,11 @@ def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict
             if npath not in now[nfile]:
                 out["missing"].append(spec)
             elif not _same(old, now[nfile][npath]):
-                out["differ"].append((spec, old, now[nfile][npath]))
+                reason = next((r["changed"] for r in changed if spec.startswith(r["from"])), None)
+                if reason is None:
+                    out["differ"].append((spec, old, now[nfile][npath]))
+                else:
+                    out["changed"][reason] = out["changed"].get(reason, 0) + 1
             else:
                 out["equal" if (nfile, npath) == (file, path) else "moved_equal"] += 1
     return out
@@ -89,9 +98,12 @@ def main(snapshot_path: str, reports_dir: str, moved_path: str | None) -> int:
     total = sum(len(v) for v in snap.values())
     print(f"compare-reports: {total} numbers in {snapshot_path}: {res['equal']} equal in place, "
           f"{res['moved_equal']} moved and equal, {sum(res['removed'].values())} removed, "
-          f"{len(res['differ'])} differ, {len(res['missing'])} missing")
+          f"{sum(res['changed'].values())} changed on purpose, {len(res['differ'])} differ, "
+          f"{len(res['missing'])} missing")
     for reason, n in sorted(res["removed"].items()):
         print(f"  removed ({n}): {reason}")
+    for reason, n in sorted(res["changed"].items()):
+        print(f"  changed on purpose ({n}): {reason}")
     for spec, old, new in res["differ"][:20]:
         print(f"  DIFFER {spec}: {old!r} -> {new!r}")
     for spec in res["missing"][:20]:
