@@ -194,9 +194,11 @@ def test_references_agree_with_the_correct_trainer(quick_base, tok, small_batch)
     batch = prepare_batch(small_batch, tok, RLConfig())
     assert torch.equal(refs.policy_token_mask(small_batch, batch["ids"].shape[1]), batch["action_mask"])
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    for std in (False, True):
-        assert torch.allclose(refs.group_advantages(rewards, batch["group"], std).float(),
-                              compute_advantages(rewards, batch["group"], std), atol=1e-6)
+    for estimator in ("grpo", "rloo"):
+        for scale in ("none", "group", "batch"):
+            assert torch.allclose(refs.group_advantages(rewards, batch["group"], estimator, scale).float(),
+                                  compute_advantages(rewards, batch["group"], estimator=estimator, scale=scale),
+                                  atol=1e-6), (estimator, scale)
     batch["advantages"] = compute_advantages(rewards, batch["group"])
     with torch.no_grad():
         logp = forward_logp(quick_base, batch["ids"])[0]
@@ -212,6 +214,17 @@ def test_references_agree_with_the_correct_trainer(quick_base, tok, small_batch)
                 loss_fn(m).backward()
                 grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]).double())
             assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5, (mode, kind)
+    variants = [{"clip_eps_low": 0.1, "clip_eps_high": 0.28}, {"clip_ratio_c": 1.5}, {"ratio_level": "sequence"},
+                {"ratio_level": "sequence", "loss_mode": "seq_mean_token_mean"}]
+    for variant in variants:   # the research knobs' policy terms (every ratio is away from 1 on the probe inputs)
+        cfg = RLConfig(kl_coef=0.1, entropy_coef=0.1, **variant)
+        grads = []
+        for loss_fn in (lambda m: minibatch_loss(m, batch, old, ref, cfg)[0],
+                        lambda m: refs.minibatch_loss(m, batch, old, ref, cfg)):
+            m = copy.deepcopy(quick_base)
+            loss_fn(m).backward()
+            grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]).double())
+        assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5, variant
 
 
 def test_padding_and_gradient_checks_hold_in_every_loss_mode(quick_base, tok, small_batch):

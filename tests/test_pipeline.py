@@ -34,7 +34,7 @@ SHORT = {
     "threads": {"steps": 2},
     "behaviour": {"episodes_per_task": 2},
 }
-NUMERIC = {"base", "length_start", "sft", "preflight", "train", "select", "test", "behaviour", "ablate@default-0",
+NUMERIC = {"base", "length_start", "sft", "preflight", "train", "test", "behaviour", "ablate@default-0",
            "ablate@default-1", "ablate@public-0", "ablate@public-1", "ablate_summary", "threads", "faults", "report"}
 
 
@@ -147,7 +147,7 @@ def test_audit_agrees_with_dvc_status(mini):
     record = json.loads((repo / "reports" / "provenance" / "test.json").read_text())
     assert out.returncode == 0 and "current" in out.stdout and status == {}
     assert record["mlflow"]["run_id"] in out.stdout and "agentrl/rl/objectives.py" in out.stdout
-    edits = [("agentrl/report/sources.py", 0, {}), ("params.yaml", 1, {"test"}),
+    edits = [("agentrl/report/sources.py", 0, set()), ("params.yaml", 1, {"test"}),
              ("agentrl/rl/objectives.py", 1, {"test"})]
     for path, code, stale in edits:
         original = (repo / path).read_text()
@@ -179,14 +179,14 @@ PLOTS = {"training_reward", "validation_pass", "heldout_per_arm", "entropy", "ap
 
 def test_adding_a_seed_runs_only_the_new_instances_and_plots_compare_by_name(mini):
     repo = mini["repo"]
-    shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)
+    shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)["data"]
     assert PLOTS <= set(shown)
     out = run([str(BIN / "dvc"), "exp", "run", "-S", "ablate.seeds=[0,1,2]"], repo)
     assert stages_run(out.stdout) == {"ablate@default-2", "ablate@public-2", "ablate_summary", "report"}
     summary = json.loads((repo / "reports" / "ablation.json").read_text())
     assert summary["seeds"] == [0, 1, 2]
     exp = run([str(BIN / "dvc"), "exp", "list", "--name-only"], repo).stdout.split()[-1]
-    diff = json.loads(run([str(BIN / "dvc"), "plots", "diff", exp, "--json"], repo).stdout)
+    diff = json.loads(run([str(BIN / "dvc"), "plots", "diff", exp, "--json"], repo).stdout)["data"]
     assert len(PLOTS & set(diff)) >= 4, sorted(diff)
     columns = run([str(BIN / "dvc"), "exp", "show", "--csv"], repo).stdout.splitlines()[0].split(",")
     metrics = [c for c in columns if c.startswith("reports/metrics/") or ":" in c]

@@ -36,7 +36,7 @@ TINY = {
     "base": {"demos_per_task": 4, "steps": 60, "teach_steps": 20, "batch_size": 16, "lr": 0.01},
     "sft": {"steps": 1, "describe_per_task": 8},
     "preflight": {"bugs": []},
-    "ablate": {"arms": ["default", "public"], "seeds": [0, 1], "steps": 1, "eval_per_task": 1, "n_boot": 200},
+    "ablate": {"arms": {"default": {}, "public": {"rl.reward": "public"}}, "seeds": [0, 1], "steps": 1, "eval_per_task": 1, "n_boot": 200},
 }
 
 

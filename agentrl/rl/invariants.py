@@ -108,7 +108,7 @@ def check_log_probs(model, batch: dict, mbs: list, seams: Seams) -> dict:
 def check_advantages(batch: dict, cfg: RLConfig) -> dict:
     """4. each group's advantages have mean 0 and the formula's magnitudes (their sign is invariant 8's)."""
     adv, group = batch["advantages"], batch["group"]
-    expected = refs.group_advantages(batch["rewards"], group, cfg.adv_std_scale)
+    expected = refs.group_advantages(batch["rewards"], group, cfg.adv_estimator, cfg.reward_scale)
     mean = max(abs(float(adv[group == g].double().mean())) for g in torch.unique(group))
     return {"group_adv_mean": max(mean, float((adv.double().abs() - expected.abs()).abs().max()))}
 
@@ -175,7 +175,7 @@ def check_update(model, batch: dict, truth: torch.Tensor, cfg: RLConfig, seams: 
     frozen = max(_masked_max((u - initial[k % len(initial)]).abs(), m) for k, (m, u) in enumerate(used))
     with torch.no_grad():
         after = refs.log_probs(live, batch["ids"])
-    adv = refs.group_advantages(batch["rewards"], batch["group"], cfg.adv_std_scale)
+    adv = refs.group_advantages(batch["rewards"], batch["group"], cfg.adv_estimator, cfg.reward_scale)
     delta = ((after - before) * truth).sum(1) / truth.sum(1).clamp(min=1)
     direction = float(torch.corrcoef(torch.stack([delta, adv]))[0, 1]) if adv.abs().sum() > 0 else float("nan")
     return {"old_logp_frozen": frozen, "update_direction": direction,

@@ -30,18 +30,31 @@ def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
     return out
 
 
-def group_advantages(rewards: torch.Tensor, group: torch.Tensor, std_scale: bool) -> torch.Tensor:
-    """Per row: its reward minus its group's mean reward; with std_scale, divided by (the group's unbiased reward
-    std + ADV_EPS), the std of a group of one being 0."""
+def group_advantages(rewards: torch.Tensor, group: torch.Tensor, estimator: str = "grpo",
+                     scale: str = "none") -> torch.Tensor:
+    """Per row: its reward minus a baseline from its group, the group's mean reward (grpo) or the mean reward of
+    the group's other rows (rloo, 0 for a group of one); divided by (std + ADV_EPS) where std is the unbiased
+    std of the group's rewards (scale 'group', 0 for a group of one) or of every reward of the batch ('batch')."""
     rewards, group = [float(r) for r in rewards], [int(g) for g in group]
+
+    def unbiased_std(xs):
+        if len(xs) < 2:
+            return 0.0
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
     out = []
     for r, g in zip(rewards, group):
         mates = [x for x, h in zip(rewards, group) if h == g]
-        mean = sum(mates) / len(mates)
-        a = r - mean
-        if std_scale:
-            std = math.sqrt(sum((x - mean) ** 2 for x in mates) / (len(mates) - 1)) if len(mates) > 1 else 0.0
-            a /= std + ADV_EPS
+        if estimator == "rloo":
+            baseline = (sum(mates) - r) / max(len(mates) - 1, 1)
+        else:
+            baseline = sum(mates) / len(mates)
+        a = r - baseline
+        if scale == "group":
+            a /= unbiased_std(mates) + ADV_EPS
+        elif scale == "batch":
+            a /= unbiased_std(rewards) + ADV_EPS
         out.append(a)
     return torch.tensor(out, dtype=torch.float64)
 
@@ -69,24 +82,35 @@ def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor) -> float:
 def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, cfg) -> torch.Tensor:
     """The loss of one minibatch by its definition, token by token (differentiable in the model's weights only).
     For each row i and each position j with mask 1, with lp = log p(ids[i, j+1]) and r = exp(lp - old):
-        l = -min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
-    (the entropy term when entropy_coef != 0, the KL term when ref_logp is given); then cfg.loss_mode:
+        l = -min(r A_i, clip(r, 1 - low, 1 + high) A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
+    ((low, high) = cfg.clip_range; with ratio_level 'sequence' r is the row's s = exp(mean of lp - old) with the
+    gradient s * grad lp; with clip_ratio_c and A_i < 0 the policy term is at most c |A_i|; the entropy term when
+    entropy_coef != 0, the KL term when ref_logp is given); then cfg.loss_mode:
         token_mean: all l / their count;  seq_mean_token_mean: mean over rows of (row's l sum / row's count);
         seq_mean_token_sum: mean over rows of the row's sum;  seq_mean_token_sum_norm: all l / (rows x
         cfg.loss_norm_len). A row or batch with no token counts 1 token. old and ref are read as constants."""
     logz = log_softmax_all(model, mb["ids"])
     ids, mask, adv = mb["ids"], mb["action_mask"], mb["advantages"]
-    lo, hi = 1 - cfg.clip_eps, 1 + cfg.clip_eps
+    low, high = cfg.clip_range
+    lo, hi = 1 - low, 1 + high
     row_sums, row_counts = [], []
     for i in range(ids.shape[0]):
+        at = torch.nonzero(mask[i]).flatten().tolist()
+        lps = [logz[i, j, int(ids[i, j + 1])] for j in at]
+        if cfg.ratio_level == "sequence" and at:   # one ratio s per row, exp(mean of lp - old), gradient s * grad lp
+            log_s = min(sum(float(lp.detach()) - float(old_logp[i, j]) for lp, j in zip(lps, at)) / len(at), 10.0)
         terms = []
-        for j in torch.nonzero(mask[i]).flatten().tolist():
-            lp = logz[i, j, int(ids[i, j + 1])]
+        for lp, j in zip(lps, at):
             a = float(adv[i] if adv.dim() == 1 else adv[i, j])
-            r = torch.exp(lp - float(old_logp[i, j]))
+            if cfg.ratio_level == "sequence":
+                r = math.exp(log_s) * torch.exp(lp - lp.detach())
+            else:
+                r = torch.exp(lp - float(old_logp[i, j]))
             rv = float(r.detach())
             clipped = r if lo <= rv <= hi else torch.tensor(min(max(rv, lo), hi), dtype=r.dtype)
             term = -min(r * a, clipped * a)
+            if cfg.clip_ratio_c is not None and a < 0:   # dual clip: at most c |A|
+                term = torch.minimum(term, torch.tensor(-a * cfg.clip_ratio_c, dtype=term.dtype))
             if cfg.entropy_coef:
                 entropy = -(logz[i, j].exp() * logz[i, j]).sum()
                 term = term - cfg.entropy_coef * entropy
