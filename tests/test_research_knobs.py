@@ -250,3 +250,16 @@ def test_every_knob_passes_preflight(rl_base, tok, mode):
         assert step_cfg.lr < cfg.lr
     results = sanity_checks(rl_base, batch, tok, step_cfg)
     assert failed_checks(results) == set(), {k: v for k, v in results.items() if not v[1]}
+
+
+@pytest.mark.parametrize("keep", ["informative", "resample"])
+def test_a_step_with_no_informative_group_trains_nothing_and_goes_on(random_model, tok, keep):
+    """A random policy fails every episode, so no group has a reward spread: the step samples (up to the resample
+    cap), keeps nothing, skips the update and the run continues."""
+    model = copy.deepcopy(random_model)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = RLConfig(group_size=2, tasks_per_step=2, keep=keep, resample_cap=2, max_turns=2)
+    history = train(model, make_tasks("train")[:4], tok, cfg, 2)
+    assert [row["trained"] for row in history] == [0, 0]
+    assert all(row["rollouts"] == (4 if keep == "informative" else 8) for row in history)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

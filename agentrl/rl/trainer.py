@@ -363,7 +363,7 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = 
             hook.before_step(step, state)
         kept, sampled = sample_step(model, env_factory, tasks, tok, step_cfg, generator, temperature,
                                     task_weights(cfg, tasks, state.history))
-        state.batch = prepare_batch(kept, tok, step_cfg, seams)
+        state.batch = prepare_batch(kept, tok, step_cfg, seams) if kept else None   # no informative group: no update
         for hook in hooks:
             hook.before_update(step, state)
         try:
