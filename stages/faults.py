@@ -11,7 +11,6 @@ from agentrl.faults.markdown import figure_specs, mlflow_metrics, render_markdow
 from agentrl.faults.signatures import signature_checks
 from agentrl.model.checkpoints import load_for
 from agentrl.report.figures import fault_panel
-from agentrl.seeding import stream_seed
 from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "faults", "length"]
@@ -24,8 +23,7 @@ def body(ctx):
     tok, split = load_tokenizer(), load_split()
     base, _ = load_for(policy_path("base"), tok, ctx.params["model"])
     length_start, _ = load_for(policy_path("length_start"), tok, ctx.params["model"])
-    eval_seed = stream_seed(ctx.seed, "faults", "heldout")  # one evaluation stream for every run
-    runs = build_catalogue(base, tok, split["train"], split["heldout"], ctx.params["rl"], ctx.params, eval_seed,
+    runs = build_catalogue(base, tok, split["train"], split["heldout"], ctx.params["rl"], ctx.params, ctx.seed,
                            length_start=length_start)
     checks = signature_checks(runs)
     figures = {}
@@ -37,7 +35,7 @@ def body(ctx):
     ctx.run.log_history(rows)
     ctx.run.log_metrics(summary)
     write_json(REPORTS / "faults.json", report_json(runs, checks, ctx.params, ctx.params["rl"], split["heldout"],
-                                                    eval_seed, figures))
+                                                    ctx.seed, figures))
     write_metrics("faults", {"failures": len(checks),
                              "required_hold": sum(c["required_holds"] is not False for c in checks.values())})
     write_text(REPORTS / "faults.md", render_markdown(runs, checks, ctx.params["faults"], ctx.threads,

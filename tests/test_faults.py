@@ -40,7 +40,7 @@ RL = RLConfig(lr=3e-4, seed=0)                          # params.yaml rl section
 def short_catalogue(tok, rl_base, length_start):
     from agentrl.env.tasks import make_tasks
     train, heldout = make_tasks("train"), make_tasks("heldout")
-    runs = cat.build_catalogue(rl_base, tok, train, heldout, RL, PARAMS, eval_seed=12345, names=list(SHORT),
+    runs = cat.build_catalogue(rl_base, tok, train, heldout, RL, PARAMS, seed=12345, names=list(SHORT),
                              steps_for=SHORT, log=None, length_start=length_start)
     return {"runs": runs, "checks": sig.signature_checks(runs), "source": "rl_base", "heldout": heldout}
 
@@ -160,7 +160,7 @@ def test_length_pair_row_measures_exactly_what_the_catalogue_checks(length_start
     train, heldout = make_tasks("train"), make_tasks("heldout")
     params = {"faults": FCFG, "length": replace(LCFG, steps=3)}
     row = ln.length_pair_row(length_start, tok, train, RL, params, 1)
-    runs = cat.build_catalogue(None, tok, train, heldout, replace(RL, seed=1), params, eval_seed=5,
+    runs = cat.build_catalogue(None, tok, train, heldout, replace(RL, seed=1), params, seed=5,
                                names=["length_bias", "length_twin"], log=None, length_start=length_start)
     check = sig.signature_checks(runs)["length_bias"]["checks"][0]
     assert row["seed"] == 1 and row["steps"] == 3

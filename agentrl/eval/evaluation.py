@@ -73,16 +73,17 @@ def describe(model, tasks: list, tok, n_per_task: int, generator: torch.Generato
 
 class HeldOutEval(Hook):
     """Trainer hook: held-out pass rate before training (row 0's eval_pass_start), every `every` updates and after
-    the last step (that row's eval_pass). Each evaluation draws from its own stream, (seed, step), so every run
-    evaluated with the same seed sees the same episodes at the same step (common random numbers)."""
+    the last step (that row's eval_pass). Each evaluation draws from its own stream, (seed, stream, updates), so
+    every run evaluated with the same seed and stream sees the same episodes at the same step (common random
+    numbers)."""
 
-    def __init__(self, tasks: list, tok, cfg, steps: int, every: int, per_task: int, seed: int):
+    def __init__(self, tasks: list, tok, cfg, steps: int, every: int, per_task: int, seed: int, stream: str):
         self.tasks, self.tok, self.cfg, self.steps = tasks, tok, cfg, steps
-        self.every, self.per_task, self.seed = every, per_task, seed
+        self.every, self.per_task, self.seed, self.stream = every, per_task, seed, stream
         self.start = None
 
     def _pass_rate(self, model, updates: int) -> float:
-        g = stream_generator(self.seed * 1_000 + updates)
+        g = stream_generator(self.seed, self.stream, updates)
         return evaluate(model, self.tasks, self.tok, self.per_task, self.cfg.temperature, g, self.cfg)["pass_rate"]
 
     def on_start(self, state: TrainState) -> None:

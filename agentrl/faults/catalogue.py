@@ -195,7 +195,10 @@ def run_one(name: str, model, tok, train_tasks: list, cfg: RLConfig, steps: int,
             "guard": None if first is None else {"step": first["step"], "reason": first["diverged"]}}
 
 
-def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RLConfig, params: dict, eval_seed: int,
+EVAL_STREAM = "faults-heldout"
+
+
+def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RLConfig, params: dict, seed: int,
                     names=None, steps_for: dict | None = None, log=sys.stderr, length_start=None) -> dict:
     """Run the catalogue runs `names` (default: all) from copies of `base`; the length pair (LENGTH_PAIR) from
     copies of `length_start` (required when the pair is among `names`). `params` holds the faults and length
@@ -214,7 +217,7 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
         cfg = run_config(SPECS[name], base_cfg, params)
         steps = run_steps(SPECS[name], params, steps_for)
         model = copy.deepcopy(length_start if name in LENGTH_PAIR else base)
-        hooks = [HeldOutEval(eval_tasks, tok, cfg, steps, fcfg.eval_every, fcfg.eval_per_task, eval_seed),
+        hooks = [HeldOutEval(eval_tasks, tok, cfg, steps, fcfg.eval_every, fcfg.eval_per_task, seed, EVAL_STREAM),
                  BundleGuard(None, cfg, SPECS[name].bug, mode="record"), Progress(name, steps, log)]
         out[name] = run_one(name, model, tok, train_tasks, cfg, steps, hooks)
         if log is not None:

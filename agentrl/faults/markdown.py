@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from agentrl.config import RLConfig
-from agentrl.faults.catalogue import FAILURE_NAMES, FAILURES, RUNS
+from agentrl.faults.catalogue import EVAL_STREAM, FAILURE_NAMES, FAILURES, RUNS
 from agentrl.faults.history import _finite, _fmt, _window, at, end_mean, eval_at, eval_points
 
 SUMMARY_KEYS = ("reward", "pass_rate", "reads", "edits", "submitted", "turns", "malformed", "hardcode", "entropy", "approx_kl",
@@ -45,7 +45,7 @@ def verdict(res: dict) -> str:
     return "yes" if all(held) else ("partly" if any(held) else "no")
 
 
-def report_json(runs: dict, checks: dict, params: dict, base_cfg: RLConfig, eval_tasks: list, eval_seed: int,
+def report_json(runs: dict, checks: dict, params: dict, base_cfg: RLConfig, eval_tasks: list, seed: int,
                 figures: dict) -> dict:
     """Everything reports/faults.json holds (run states excluded)."""
     specs = {r.name: r for r in RUNS}
@@ -56,7 +56,7 @@ def report_json(runs: dict, checks: dict, params: dict, base_cfg: RLConfig, eval
                           if f.name != "seeds"},
         "base_config": base_cfg.to_dict(),
         "evaluation": {"tasks": [t.name for t in eval_tasks], "per_task": fcfg.eval_per_task,
-                       "every": fcfg.eval_every, "seed": eval_seed, "reward": "hidden"},
+                       "every": fcfg.eval_every, "seed": seed, "stream": EVAL_STREAM, "reward": "hidden"},
         "runs": {name: {"bug": run["bug"], "overrides": {k: run["config"][k] for k in specs[name].overrides},
                         "config": run["config"], "steps": run["steps"], "guard": run.get("guard"),
                         "stopped": run["stopped"], "summary": summarize(run), "history": run["history"]}
