@@ -166,7 +166,7 @@ def profile_step_and_eval(model, tok, steps: int, threads: int, top: int = 14) -
         rl_update(model, opt, prepare_batch(kept, tok, cfg), cfg)
 
     def evaluation():
-        evaluate(model, make_tasks("val"), tok, 16, 1.0, torch.Generator().manual_seed(1), cfg)
+        evaluate(model, make_tasks("validation"), tok, 16, 1.0, torch.Generator().manual_seed(1), cfg)
 
     step()   # warm-up: first-use costs (optimizer state, lazy imports) are not a step's
     out = []

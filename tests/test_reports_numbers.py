@@ -39,3 +39,11 @@ def test_a_change_on_purpose_is_counted_under_its_reason_and_must_still_exist(tm
     res = compare(snap, tmp_path, [{"from": "a.json:gate.", "changed": "new gate"}])
     assert res["changed"] == {"new gate": 1} and res["missing"] == ["a.json:gate.w"]
     assert res["differ"] == [("a.json:other", 3.0, 4.0)]
+
+
+def test_a_change_on_purpose_can_be_limited_to_named_fields(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"runs": {"x": {"eval_pass": 0.5, "reward": 0.1}}}))
+    snap = snapshot(tmp_path)
+    (tmp_path / "a.json").write_text(json.dumps({"runs": {"x": {"eval_pass": 0.6, "reward": 0.2}}}))
+    res = compare(snap, tmp_path, [{"from": "a.json:", "fields": ["eval_pass"], "changed": "new stream"}])
+    assert res["changed"] == {"new stream": 1} and res["differ"] == [("a.json:runs.x.reward", 0.1, 0.2)]

@@ -61,7 +61,8 @@ def _where(spec: str, moved: list[dict]):
 
 def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict:
     """-> {"equal", "moved_equal", "removed", "changed", "differ": [...], "missing": [...]}. A rule
-    {"from": prefix, "changed": reason} names numbers a later change moved on purpose: they still have to exist,
+    {"from": prefix, "changed": reason} (optionally "fields": names one of which must be a
+    component of the path) names numbers a later change moved on purpose: they still have to exist,
     and a difference there is counted under its reason instead of in "differ"."""
     reports_dir = Path(reports_dir)
     now = {}
@@ -81,7 +82,9 @@ def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict
             if npath not in now[nfile]:
                 out["missing"].append(spec)
             elif not _same(old, now[nfile][npath]):
-                reason = next((r["changed"] for r in changed if spec.startswith(r["from"])), None)
+                reason = next((r["changed"] for r in changed if spec.startswith(r["from"]) and
+                               ("fields" not in r or set(r["fields"]) & set(spec.split(":", 1)[1].split(".")))),
+                              None)
                 if reason is None:
                     out["differ"].append((spec, old, now[nfile][npath]))
                 else:
