@@ -36,6 +36,7 @@ SHORT = {
 }
 NUMERIC = {"base", "length_start", "sft", "preflight", "train", "test", "behaviour", "ablate@default-0",
            "ablate@default-1", "ablate@public-0", "ablate@public-1", "ablate_summary", "threads", "faults", "report"}
+ALL_STAGES = NUMERIC | {"tasks", "select"}   # tasks and select do no tensor work, so no thread count
 
 
 def run(cmd, cwd, check=True, timeout=900, env=None):
@@ -88,7 +89,7 @@ def mini(tmp_path_factory):
 
 def test_repro_runs_every_stage_then_nothing(mini):
     repo = mini["repo"]
-    assert stages_run(mini["first"].stdout) == NUMERIC | {"tasks", "select"}   # the two without tensor work
+    assert stages_run(mini["first"].stdout) == ALL_STAGES
     for name in ("test", "selection", "ablation", "threads", "faults", "preflight", "starting_policy"):
         assert (repo / "reports" / f"{name}.json").exists(), name
     assert (repo / "reports" / "capstone.md").exists()
@@ -115,7 +116,7 @@ def test_each_stage_logs_exactly_one_mlflow_run_with_its_record(mini):
     exp = client.get_experiment_by_name("agentrl")
     runs = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
             if r.data.tags.get("pipeline_run") == mini["pipeline_run"]]
-    assert sorted(r.info.run_name for r in runs) == sorted(NUMERIC | {"tasks"})
+    assert sorted(r.info.run_name for r in runs) == sorted(ALL_STAGES)
     test_run = next(r for r in runs if r.info.run_name == "test")
     assert test_run.info.status == "FINISHED"
     assert test_run.data.params["test.n_boot"] and test_run.data.params["run.threads"] == "2"
