@@ -204,27 +204,19 @@ def test_references_agree_with_the_correct_trainer(quick_base, tok, small_batch)
         logp = forward_logp(quick_base, batch["ids"])[0]
     assert torch.allclose(refs.log_probs(quick_base, batch["ids"]).float(), logp, atol=1e-5)
     old, ref = logp + probe_offsets(logp.shape, 3), logp + probe_offsets(logp.shape, 4)
-    for mode in LOSS_MODES:
-        for kind in KL_KINDS:
-            cfg = RLConfig(loss_mode=mode, kl_kind=kind, kl_coef=0.1, entropy_coef=0.1)
-            grads = []
-            for loss_fn in (lambda m: minibatch_loss(m, batch, old, ref, cfg)[0],
-                            lambda m: refs.minibatch_loss(m, batch, old, ref, cfg)):
-                m = copy.deepcopy(quick_base)
-                loss_fn(m).backward()
-                grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]).double())
-            assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5, (mode, kind)
-    variants = [{"clip_eps_low": 0.1, "clip_eps_high": 0.28}, {"clip_ratio_c": 1.5}, {"ratio_level": "sequence"},
-                {"ratio_level": "sequence", "loss_mode": "seq_mean_token_mean"}]
-    for variant in variants:   # the research knobs' policy terms (every ratio is away from 1 on the probe inputs)
-        cfg = RLConfig(kl_coef=0.1, entropy_coef=0.1, **variant)
+    settings = [{"loss_mode": mode, "kl_kind": kind} for mode in LOSS_MODES for kind in KL_KINDS] + [
+        # the research knobs' policy terms (every ratio is away from 1 on the probe inputs)
+        {"clip_eps_low": 0.1, "clip_eps_high": 0.28}, {"clip_ratio_c": 1.5}, {"ratio_level": "sequence"},
+        {"ratio_level": "sequence", "loss_mode": "seq_mean_token_mean"}]
+    for setting in settings:
+        cfg = RLConfig(kl_coef=0.1, entropy_coef=0.1, **setting)
         grads = []
         for loss_fn in (lambda m: minibatch_loss(m, batch, old, ref, cfg)[0],
                         lambda m: refs.minibatch_loss(m, batch, old, ref, cfg)):
             m = copy.deepcopy(quick_base)
             loss_fn(m).backward()
             grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]).double())
-        assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5, variant
+        assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5, setting
 
 
 def test_padding_and_gradient_checks_hold_in_every_loss_mode(quick_base, tok, small_batch):
