@@ -55,6 +55,25 @@ def _seed_list(text: str) -> list[int]:
     return [_int_at_least(0)(p) for p in parts]
 
 
+def _fault_name(text: str) -> str:
+    from agentrl.config import FAULT_NAMES
+    if text not in FAULT_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown fault {text!r}; allowed: {', '.join(FAULT_NAMES)}")
+    return text
+
+
+def _model_path(args) -> str | None:
+    """The checkpoint --model names (or the default base), checked to exist before torch is imported, so a wrong
+    path costs a fraction of a second; None with --quick-base."""
+    if args.quick_base:
+        return None
+    path = args.model or "data/models/base.pt"
+    if not Path(path).is_file():
+        raise ValueError(f"checkpoint {path}: file not found"
+                         + ("" if args.model else " (or pass --model PATH or --quick-base)"))
+    return path
+
+
 def set_threads(n: int) -> None:
     import torch
     torch.set_num_threads(n)
@@ -106,11 +125,20 @@ def _rl_override(text: str) -> tuple[str, object]:
 
 
 def cmd_check(args) -> int:
+    from agentrl.config import RLConfig, UserError
+    overrides = dict(args.rl or [])
+    unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
+    if unknown:
+        return fail(f"check: --rl {unknown[0]}: not an rl key here (--seed and --kl-coef set those)")
+    try:
+        cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed, **overrides)
+        _model_path(args)
+    except (UserError, ValueError) as exc:
+        return fail(str(exc))
     set_threads(args.threads)
     import json
 
     import agentrl
-    from agentrl.config import RLConfig, UserError
     from agentrl.env.tasks import make_tasks
     from agentrl.env.tokenizer import build_tokenizer
     from agentrl.faults.registry import EXPECTED_FAILURES, seams_for
@@ -119,15 +147,7 @@ def cmd_check(args) -> int:
     from agentrl.rl.trainer import env_factory_for
     from agentrl.seeding import generator
     tok = build_tokenizer(make_tasks("all"))
-    overrides = dict(args.rl or [])
-    unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
-    if unknown:
-        return fail(f"check: --rl {unknown[0]}: not an rl key here (--seed and --kl-coef set those)")
-    try:
-        cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed, **overrides)
-        seams = seams_for(args.bug)
-    except UserError as exc:
-        return fail(str(exc))
+    seams = seams_for(args.bug)
     try:
         model, source = load_model(args, tok)
     except UserError as exc:
@@ -156,6 +176,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    try:
+        _model_path(args)
+    except ValueError as exc:
+        return fail(str(exc))
     from agentrl.bench import run_bench
     from agentrl.config import UserError
     from agentrl.env.tasks import make_tasks
@@ -174,13 +198,13 @@ def cmd_audit(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from agentrl.faults.registry import seams_for
-    from agentrl.rl.guards import replay_bundle, same_stats
     target = args.bundle
     if target.isdigit():
         target = str(Path(args.bundle_dir) / f"step_{int(target):04d}.pt")
     if not Path(target).is_file():
         return fail(f"replay bundle {target} not found")
+    from agentrl.faults.registry import seams_for
+    from agentrl.rl.guards import replay_bundle, same_stats
     recorded, replayed = replay_bundle(target, seams_for)
     same = same_stats(recorded, replayed)
     print(f"replay {target}:")
@@ -231,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="the nine trainer invariants; exit 1 on any failure (git bisect run)")
     c.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
     c.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
-    c.add_argument("--bug", help="inject a registered fault to see it caught")
+    c.add_argument("--bug", type=_fault_name, help="inject a registered fault to see it caught")
     c.add_argument("--kl-coef", type=_nonneg_float, default=0.1)
     c.add_argument("--seed", type=_int_at_least(0), default=0)
     c.add_argument("--threads", type=_int_at_least(1), default=2)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "agentrl"
 MAX_LINES = 450
@@ -83,6 +85,7 @@ def test_import_graph_is_acyclic():
             visit(m, [])
 
 
+@pytest.mark.slow   # one fresh interpreter per module (torch and MLflow imports each time)
 def test_every_module_imports_on_its_own():
     """Each module imported into an interpreter holding no other agentrl module (third-party imports stay cached,
     so this takes seconds)."""

@@ -395,6 +395,7 @@ def test_random_caller_emits_only_well_formed_calls():
         assert call[0] == "<call>" and call[-1] == END_CALL and CodeEnv.parse(call) is not None
 
 
+@pytest.mark.slow   # the CLI in a subprocess, 2,000 episodes
 def test_envcheck_cli(repo_root):
     proc = subprocess.run([sys.executable, "-m", "agentrl", "envcheck"], cwd=repo_root, capture_output=True,
                           text=True, timeout=120)

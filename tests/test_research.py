@@ -67,6 +67,7 @@ def test_arm_names_must_name_dvc_stages():
         arm_overrides("clip-higher", {})
 
 
+@pytest.mark.slow   # the stage script in a subprocess (its torch and MLflow imports)
 def test_a_bad_ablate_arm_stops_the_stage_before_any_compute(tmp_path):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["ablate"]["arms"]["x"] = {"rl.clip_ratio_c": 0.5}

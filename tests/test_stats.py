@@ -48,6 +48,7 @@ def test_pass_at_k_per_task_and_mean():
 
 # ---------------------------------------------------------------- bootstrap
 
+@pytest.mark.slow   # Monte Carlo: 2,000 datasets x 2,000 resamples each
 @pytest.mark.parametrize("dist", ["normal", "beta"])
 def test_bootstrap_ci_coverage(dist):
     # Percentile bootstrap under-covers with few tasks (measured ~89-91% at 10 tasks, ~92.5% at 20);
@@ -171,6 +172,7 @@ def test_simulate_power_null_rate_and_seed():
 # trials per n: the simulated crossing moves by (power SE) / (power gain per extra seed). At effect 0.02 the
 # gain is ~0.006 per seed, so 2,000 trials (SE ~0.009) lands within +-1 only about half the time
 # (measured 62-65 over 8 seeds); 20,000 trials (SE ~0.003) keeps it within +-1.
+@pytest.mark.slow   # Monte Carlo: up to 20,000 simulated experiments
 @pytest.mark.parametrize("effect,trials", [(0.10, 4000), (0.05, 4000), (0.02, 20000)])
 def test_analytic_seeds_match_simulation(effect, trials):
     sd, target = 0.04, 0.8

@@ -228,6 +228,7 @@ def _start_sleeper(project):
     return p
 
 
+@pytest.mark.slow   # two stage subprocesses, killed
 def test_sigterm_marks_killed_and_sigkill_is_closed_by_the_next_run(project):
     p = _start_sleeper(project)
     p.send_signal(signal.SIGTERM)
