@@ -258,7 +258,8 @@ def _enumerated_rl_knobs():
 NUMERIC = [("clip_eps_high", 0.28, None, None), ("clip_eps_low", 0.1, "clip_eps_high", 0.28),
            ("clip_ratio_c", 3.0, None, None), ("lr_warmup", 5, "lr_schedule", "cosine"),
            ("entropy_coef", 0.01, None, None), ("entropy_target", 0.5, None, None), ("microbatches", 4, None, None),
-           ("epochs", 2, None, None), ("curriculum_window", 3, "curriculum", "pass_rate")]
+           ("epochs", 2, None, None), ("curriculum_window", 3, "curriculum", "pass_rate"),
+           ("ratio_level", "sequence", "loss_mode", "seq_mean_token_mean")]   # GSPO as its papers run it
 KNOBS = [("loss_mode", m, "kl_kind", k) for m in LOSS_MODES for k in KL_KINDS] + \
         [(name, value, None, None) for name, value in _enumerated_rl_knobs() if name not in ("loss_mode", "kl_kind")] + \
         NUMERIC
@@ -269,9 +270,19 @@ KNOBS = [("loss_mode", m, "kl_kind", k) for m in LOSS_MODES for k in KL_KINDS] +
 def test_preflight_passes_for_every_loss_mode_kl_estimator_and_enumerated_knob(rl_base, tok, knob, value, knob2,
                                                                                  value2):
     """Every combination of loss mode and KL estimator, and every other value of every RLConfig knob with a finite
-    set of values (research knobs declared as choices or booleans are picked up as they are added)."""
+    set of values (research knobs declared as choices or booleans are picked up as they are added). Checked at
+    step 3 of 10 after three steps at entropy 0.3, with the config and task weights the loop would use there, so
+    a learning-rate schedule, an entropy target and the curriculum are in effect, not at their step-0 values."""
+    from agentrl.rl import curriculum, schedule
     cfg = RLConfig(kl_coef=0.1, **{knob: value}, **({knob2: value2} if knob2 else {}))
-    batch, _ = sample_step(rl_base, env_factory_for(cfg), make_tasks("train"), tok, cfg,
-                           torch.Generator().manual_seed(0))
-    res = sanity_checks(rl_base, batch, tok, cfg)
+    tasks = make_tasks("train")
+    history = [{"entropy": 0.3, "entropy_coef": 0.0, "task_pass": {tasks[0].name: [8, 8]}}] * 3
+    step_cfg = schedule.step_config(cfg, 3, 10, history)
+    if knob == "entropy_target":
+        assert step_cfg.entropy_coef > 0
+    if knob2 == "lr_schedule" or knob == "lr_schedule":
+        assert step_cfg.lr < cfg.lr
+    batch, _ = sample_step(rl_base, env_factory_for(cfg), tasks, tok, step_cfg, torch.Generator().manual_seed(0),
+                           weights=curriculum.task_weights(cfg, tasks, history))
+    res = sanity_checks(rl_base, batch, tok, step_cfg)
     assert failed_checks(res) == set(), {k: v for k, v in res.items() if not v[1]} | res.errors
