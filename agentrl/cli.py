@@ -10,6 +10,8 @@ import math
 import sys
 from pathlib import Path
 
+from agentrl.artifacts import policy_path
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with one-line errors (exit code 2) instead of usage + message."""
@@ -62,15 +64,18 @@ def _fault_name(text: str) -> str:
     return text
 
 
+DEFAULT_MODEL = str(policy_path("base"))
+MODEL_HINT = " (or pass --model PATH or --quick-base)"
+
+
 def _model_path(args) -> str | None:
     """The checkpoint --model names (or the default base), checked to exist before torch is imported, so a wrong
     path costs a fraction of a second; None with --quick-base."""
     if args.quick_base:
         return None
-    path = args.model or "data/models/base.pt"
+    path = args.model or DEFAULT_MODEL
     if not Path(path).is_file():
-        raise ValueError(f"checkpoint {path}: file not found"
-                         + ("" if args.model else " (or pass --model PATH or --quick-base)"))
+        raise ValueError(f"checkpoint {path}: file not found" + ("" if args.model else MODEL_HINT))
     return path
 
 
@@ -94,7 +99,7 @@ def load_model(args, tok):
         from agentrl.rl.starting import make_rl_base
         cfg = BaseConfig(demos_per_task=20, steps=80, teach_steps=40)
         return make_rl_base(tok, make_tasks("train"), cfg, seed=0)[0], "a quick base (cloned now)"
-    path = args.model or "data/models/base.pt"
+    path = _model_path(args)
     return load_policy(path, tok.hash)[0], path
 
 
@@ -151,7 +156,7 @@ def cmd_check(args) -> int:
     try:
         model, source = load_model(args, tok)
     except UserError as exc:
-        return fail(str(exc) + ("" if args.model or args.quick_base else " (or pass --model PATH or --quick-base)"))
+        return fail(str(exc) + ("" if args.model or args.quick_base else MODEL_HINT))
     batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(args.seed))
     res = sanity_checks(model, batch, tok, cfg, seams)
     print(f"check: nine invariants on one {len(batch)}-episode batch from {source}"
@@ -188,7 +193,7 @@ def cmd_bench(args) -> int:
     try:
         model, source = load_model(args, tok)
     except UserError as exc:
-        return fail(str(exc) + ("" if args.model or args.quick_base else " (or pass --model PATH or --quick-base)"))
+        return fail(str(exc) + ("" if args.model or args.quick_base else MODEL_HINT))
     return run_bench(args, model, source, tok)
 
 
@@ -253,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=_int_at_least(1), default=200)
     e.add_argument("--seed", type=_int_at_least(0), default=0)
     c = sub.add_parser("check", help="the nine trainer invariants; exit 1 on any failure (git bisect run)")
-    c.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
+    c.add_argument("--model", help=f"policy checkpoint (default: {DEFAULT_MODEL})")
     c.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     c.add_argument("--bug", type=_fault_name, help="inject a registered fault to see it caught")
     c.add_argument("--kl-coef", type=_nonneg_float, default=0.1)
@@ -265,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="step time at 1 and 2 threads, and the sampler against a full-recompute one")
     b.add_argument("--steps", type=_int_at_least(1), default=7, help="timed steps per thread count (after 2 warm-up)")
     b.add_argument("--threads", type=_thread_list, default=[1, 2])
-    b.add_argument("--model", help="policy checkpoint (default: data/models/base.pt)")
+    b.add_argument("--model", help=f"policy checkpoint (default: {DEFAULT_MODEL})")
     b.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     b.add_argument("--profile", action="store_true", help="instead: cProfile of --steps training steps and one "
                                                           "evaluation pass at the largest --threads (docs/performance.md)")

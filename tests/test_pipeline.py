@@ -178,31 +178,27 @@ PLOTS = {"training_reward", "validation_pass", "heldout_per_arm", "entropy", "ap
          "logp_gap", "reads"}
 
 
-def test_adding_a_seed_runs_only_the_new_instances_and_plots_compare_by_name(mini):
+def test_a_new_seed_and_a_new_arm_run_only_their_instances_and_plots_compare_by_name(mini):
+    """One experiment adds a seed (params only) and an arm (params only, no code): DVC runs exactly the new seed's
+    instances of the existing arms, every seed of the new arm, the summary and the report; the experiment's plots
+    compare with the workspace's by name."""
     repo = mini["repo"]
     shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)["data"]
     assert PLOTS <= set(shown)
-    out = run([str(BIN / "dvc"), "exp", "run", "-S", "ablate.seeds=[0,1,2]"], repo)
-    assert stages_run(out.stdout) == {"ablate@default-2", "ablate@public-2", "ablate_summary", "report"}
+    out = run([str(BIN / "dvc"), "exp", "run", "-S", "ablate.seeds=[0,1,2]",
+               "-S", "+ablate.arms.clip_higher={rl.clip_eps_high: 0.28}"], repo)
+    assert stages_run(out.stdout) == {"ablate@default-2", "ablate@public-2", "ablate@clip_higher-0",
+                                      "ablate@clip_higher-1", "ablate@clip_higher-2", "ablate_summary", "report"}
     summary = json.loads((repo / "reports" / "ablation.json").read_text())
-    assert summary["seeds"] == [0, 1, 2]
+    assert summary["seeds"] == [0, 1, 2] and "clip_higher" in summary["arms"]
+    result = json.loads((repo / "data" / "ablate" / "clip_higher-0" / "result.json").read_text())
+    assert result["config"]["clip_eps_high"] == 0.28
     exp = run([str(BIN / "dvc"), "exp", "list", "--name-only"], repo).stdout.split()[-1]
     diff = json.loads(run([str(BIN / "dvc"), "plots", "diff", exp, "--json"], repo).stdout)["data"]
     assert len(PLOTS & set(diff)) >= 4, sorted(diff)
     columns = run([str(BIN / "dvc"), "exp", "show", "--csv"], repo).stdout.splitlines()[0].split(",")
     metrics = [c for c in columns if c.startswith("reports/metrics/") or ":" in c]
     print(f"dvc exp show: {len(columns)} columns ({len(metrics)} metrics)")
-    run("git checkout -q -- . && git clean -qfd reports", repo)
-    run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
-
-
-def test_adding_an_arm_needs_no_code_and_runs_only_its_instances(mini):
-    repo = mini["repo"]
-    out = run([str(BIN / "dvc"), "exp", "run", "-S", "+ablate.arms.clip_higher={rl.clip_eps_high: 0.28}"], repo)
-    assert stages_run(out.stdout) == {"ablate@clip_higher-0", "ablate@clip_higher-1", "ablate_summary", "report"}
-    result = json.loads((repo / "data" / "ablate" / "clip_higher-0" / "result.json").read_text())
-    assert result["config"]["clip_eps_high"] == 0.28
-    assert "clip_higher" in json.loads((repo / "reports" / "ablation.json").read_text())["arms"]
     run("git checkout -q -- . && git clean -qfd reports", repo)
     run([str(BIN / "dvc"), "checkout", "-q"], repo, check=False)
 

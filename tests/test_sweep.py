@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -240,6 +241,23 @@ def test_outputs_are_installed_whole(tmp_path):
     assert not [p for p in scratch.rglob("*") if p.is_file()]
 
 
+def test_a_killed_workers_scratch_is_reaped_and_a_live_ones_kept(tmp_path):
+    """A worker killed mid-instance cannot remove its scratch directory; the next worker on the host (and the
+    driver, at the end of a sweep) removes the directories whose owner pid is gone, and only those."""
+    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "agentrl-sweep-notapid-ghi"
+    for d in (orphan, live, other):
+        (d / "data").mkdir(parents=True)
+        (d / "data" / "policy.pt").write_bytes(b"pt")
+    assert reap_orphans(tmp_path) == [orphan]
+    assert not orphan.exists() and live.exists() and other.exists()
+    assert reap_orphans(tmp_path) == []
+
+
 # ---------------------------------------------------------------------------------------------------- slow tier
 
 def write_params(repo: Path, changes: dict) -> None:
@@ -392,6 +410,9 @@ def test_a_killed_worker_node_costs_only_its_instance(tiny, cluster):
     assert status == {}
     assert {n: lock_entry(tiny, n) for n in INSTANCES} == before    # what was recorded stays recorded
     assert not [p for p in killed if alive(p)]
+    from agentrl.sweep.worker import SCRATCH_PREFIX
+    left = [d for pid in killed for d in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{pid}-*")]
+    assert left == [], f"the killed worker's scratch directory was not reaped: {left}"
 
 
 @pytest.mark.slow

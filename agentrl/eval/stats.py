@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -101,6 +100,7 @@ def paired_bootstrap_diff(a: Sequence[float], b: Sequence[float], n_boot: int = 
 def t_test_power(nc, df, alpha: float = 0.05):
     """Power of a two-sided t-test at level alpha whose statistic is noncentral t(df, nc):
     P(T > t_crit) + P(T < -t_crit), t_crit = t_{1 - alpha/2}(df). Broadcasts over arrays."""
+    from scipy import stats   # here, not at the top: every evaluating stage imports this module, few need scipy
     t_crit = stats.t.ppf(1 - alpha / 2, df)
     return stats.nct.sf(t_crit, df, nc) + stats.nct.cdf(-t_crit, df, nc)
 
@@ -169,6 +169,7 @@ def simulate_power(sd: float, effect: float, n: int, trials: int = 2000, alpha: 
     seq_a, seq_b = np.random.SeedSequence(seed).spawn(2)
     arm_a = np.random.Generator(np.random.PCG64(seq_a)).standard_normal((n, trials)) * sd
     arm_b = np.random.Generator(np.random.PCG64(seq_b)).standard_normal((n, trials)) * sd + effect
+    from scipy import stats
     p = stats.ttest_ind(arm_a, arm_b, axis=0).pvalue
     return float(np.mean(p < alpha))
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from agentrl.sweep.plan import Instance, SweepError, check_stage, commit, plan
-from agentrl.sweep.worker import CODE, read_tree, run_instance, write_tree
+from agentrl.sweep.worker import CODE, read_tree, reap_orphans, run_instance, write_tree
 from agentrl.tracking.provenance import versions
 from agentrl.tracking.run import replay_run
 from agentrl.tracking.store import StoreError, probe, tracking_uri
@@ -325,6 +325,7 @@ def main(stage: str, address: str | None = None, max_parallel: int | None = None
                 shutil.rmtree(scratch / sub, ignore_errors=True)
             if temp_dir is not None:
                 shutil.rmtree(temp_dir, ignore_errors=True)
+            reap_orphans()   # scratch of this host's workers that were killed (the next worker would, too)
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, previous)

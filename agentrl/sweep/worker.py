@@ -24,6 +24,7 @@ CODE = ("agentrl", "stages", "dvc.yaml", "params.yaml")   # what the working_dir
 RECORD = ".sweep-run"          # the deferred MLflow run, inside the scratch directory
 SKIP = ("__pycache__", ".pytest_cache")
 LOG_TAIL = 20_000
+SCRATCH_PREFIX = "agentrl-sweep-"   # + the worker's pid + "-": a killed worker's directory is found by its dead pid
 
 
 def read_tree(root: Path, rel: str) -> dict[str, bytes]:
@@ -94,12 +95,35 @@ def _side_files(work: Path, shipped: set[str], outs: list[str]) -> dict[str, byt
     return {rel: (work / rel).read_bytes() for rel in written if side(rel)}
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
+
+
+def reap_orphans(tmp: Path | None = None) -> list[Path]:
+    """Remove the scratch directories of workers that died without cleaning up (SIGKILL, a lost node) on this
+    host: those whose owner pid no longer runs. Returns what was removed."""
+    removed = []
+    for path in Path(tmp or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
     """Run `spec["cmd"]` (the instance `spec["name"]`) with `inputs` in place; return {"ok", "error", "outs",
     "side", "record", "log", "host", "seconds"}: the declared outputs, other files it wrote (replay bundles), the
     recorded MLflow run, and the stage's output (a tail)."""
     started, code = time.time(), Path.cwd()
-    with tempfile.TemporaryDirectory(prefix="agentrl-sweep-") as tmp:
+    reap_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
         for name in CODE:
             src = code / name
