@@ -115,9 +115,56 @@ def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict
             "same_episodes": sum(alike) / len(alike)}
 
 
+OP_GROUPS = {"attention": ("aten::scaled_dot_product_attention",),
+             "linear layers": ("aten::linear", "aten::addmm", "aten::mm")}
+
+
+def sampler_op_shares(model, tok, tasks, cfg, threads: int, seed: int = 3) -> dict:
+    """torch.profiler over each sampler on the same batch of episodes: {sampler: {"wall": s, "ops": s of top-level
+    torch ops, group: s}}, where a group's time is its top-level ops' CPU time (children included), so it is the
+    share of the sampler that kernel family costs."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from agentrl.rl.rollout import choose_tasks, sample_episodes
+    from agentrl.rl.trainer import env_factory_for
+    torch.set_num_threads(threads)
+    factory = env_factory_for(cfg)
+    out = {}
+    for name, sampler in (("KV cache", sample_episodes), ("full recompute", full_recompute_episodes)):
+        for timed in (False, True):   # the first pass warms up
+            gen = torch.Generator().manual_seed(seed)
+            envs = [factory(task, gen) for task in choose_tasks(tasks, cfg.tasks_per_step, gen)
+                    for _ in range(cfg.group_size)]
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t0 = time.perf_counter()
+                sampler(model, envs, tok, gen, cfg.temperature, cfg.max_call_tokens)
+                wall = time.perf_counter() - t0
+        top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+        row = {"wall": wall, "ops": sum(e.cpu_time_total for e in top) / 1e6}
+        for group, names in OP_GROUPS.items():
+            row[group] = sum(e.cpu_time_total for e in top if e.name in names) / 1e6
+        out[name] = row
+    return out
+
+
+def format_op_shares(shares: dict, threads: int) -> str:
+    lines = [f"where each sampler's time goes (torch.profiler, one batch of the same episodes, {threads} thread(s); "
+             "the profiler's own overhead inflates the walls)"]
+    for name, r in shares.items():
+        parts = "  ".join(f"{g} {r[g]:.3f} s ({r[g] / r['wall']:.0%})" for g in OP_GROUPS)
+        other = r["ops"] - sum(r[g] for g in OP_GROUPS)
+        lines.append(f"  {name:15s} wall {r['wall']:.3f} s: {parts}  other torch ops {other:.3f} s  "
+                     f"Python and the gym {r['wall'] - r['ops']:.3f} s")
+    return "\n".join(lines)
+
+
 def run_bench(args, model, source: str, tok) -> int:
     if args.profile:
+        from agentrl.config import RLConfig
+        from agentrl.env.tasks import make_tasks
         print(profile_step_and_eval(model, tok, args.steps, max(args.threads)))
+        threads = max(args.threads)
+        print(format_op_shares(sampler_op_shares(model, tok, make_tasks("train"), RLConfig(), threads), threads))
         return 0
     from agentrl.config import RLConfig
     from agentrl.env.tasks import make_tasks
