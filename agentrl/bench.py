@@ -84,12 +84,21 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
     return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
 
 
+def one_step_of_envs(tasks, cfg, factory, seed: int):
+    """One step's episodes (tasks and names drawn from a generator seeded `seed`) and that generator."""
+    import torch
+    from agentrl.rl.rollout import choose_tasks
+    gen = torch.Generator().manual_seed(seed)
+    return [factory(task, gen) for task in choose_tasks(tasks, cfg.tasks_per_step, gen)
+            for _ in range(cfg.group_size)], gen
+
+
 def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict:
     """The KV-cache sampler and the full-recompute baseline on the same batches: each repeat draws one step's
     tasks and names, then both samplers play copies of those episodes from the same generator state, in
     alternating order. Returns median seconds of each, their ratio, and the share of episodes both played alike."""
     import torch
-    from agentrl.rl.rollout import choose_tasks, sample_episodes
+    from agentrl.rl.rollout import sample_episodes
     from agentrl.rl.trainer import env_factory_for
     torch.set_num_threads(threads)
     factory = env_factory_for(cfg)
@@ -97,9 +106,7 @@ def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict
     times = {name: [] for name in samplers}
     alike = []
     for i in range(repeats + 1):
-        gen = torch.Generator().manual_seed(i)
-        envs = [factory(task, gen) for task in choose_tasks(tasks, cfg.tasks_per_step, gen)
-                for _ in range(cfg.group_size)]
+        envs, gen = one_step_of_envs(tasks, cfg, factory, i)
         state = gen.get_state()
         played = {}
         for name in (("cached", "full") if i % 2 else ("full", "cached")):
@@ -125,16 +132,14 @@ def sampler_op_shares(model, tok, tasks, cfg, threads: int, seed: int = 3) -> di
     share of the sampler that kernel family costs."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from agentrl.rl.rollout import choose_tasks, sample_episodes
+    from agentrl.rl.rollout import sample_episodes
     from agentrl.rl.trainer import env_factory_for
     torch.set_num_threads(threads)
     factory = env_factory_for(cfg)
     out = {}
     for name, sampler in (("KV cache", sample_episodes), ("full recompute", full_recompute_episodes)):
-        for timed in (False, True):   # the first pass warms up
-            gen = torch.Generator().manual_seed(seed)
-            envs = [factory(task, gen) for task in choose_tasks(tasks, cfg.tasks_per_step, gen)
-                    for _ in range(cfg.group_size)]
+        for _ in range(2):   # the first pass warms up; the second is kept
+            envs, gen = one_step_of_envs(tasks, cfg, factory, seed)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 t0 = time.perf_counter()
                 sampler(model, envs, tok, gen, cfg.temperature, cfg.max_call_tokens)
@@ -159,15 +164,13 @@ def format_op_shares(shares: dict, threads: int) -> str:
 
 
 def run_bench(args, model, source: str, tok) -> int:
-    if args.profile:
-        from agentrl.config import RLConfig
-        from agentrl.env.tasks import make_tasks
-        print(profile_step_and_eval(model, tok, args.steps, max(args.threads)))
-        threads = max(args.threads)
-        print(format_op_shares(sampler_op_shares(model, tok, make_tasks("train"), RLConfig(), threads), threads))
-        return 0
     from agentrl.config import RLConfig
     from agentrl.env.tasks import make_tasks
+    if args.profile:
+        threads = max(args.threads)
+        print(profile_step_and_eval(model, tok, args.steps, threads))
+        print(format_op_shares(sampler_op_shares(model, tok, make_tasks("train"), RLConfig(), threads), threads))
+        return 0
     cfg = RLConfig()
     tasks = make_tasks("train")
     print(f"bench: TinyAgent {model.num_params():,} parameters ({source}); one step = "

@@ -5,18 +5,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from agentrl.bench import OP_GROUPS, full_recompute_episodes, sampler_op_shares
+from agentrl.bench import OP_GROUPS, full_recompute_episodes, one_step_of_envs, sampler_op_shares
 from agentrl.config import RLConfig
-from agentrl.rl.rollout import choose_tasks, sample_episodes
+from agentrl.rl.rollout import sample_episodes
 from agentrl.rl.trainer import env_factory_for
 
 CFG = replace(RLConfig(), tasks_per_step=3, group_size=4)
 
 
 def _envs(tasks, seed):
-    gen = torch.Generator().manual_seed(seed)
-    factory = env_factory_for(CFG)
-    return [factory(t, gen) for t in choose_tasks(tasks, CFG.tasks_per_step, gen) for _ in range(CFG.group_size)], gen
+    return one_step_of_envs(tasks, CFG, env_factory_for(CFG), seed)
 
 
 def test_the_baseline_plays_the_cached_samplers_episodes(random_model, tok, train_tasks):

@@ -244,11 +244,11 @@ def test_outputs_are_installed_whole(tmp_path):
 def test_a_killed_workers_scratch_is_reaped_and_a_live_ones_kept(tmp_path):
     """A worker killed mid-instance cannot remove its scratch directory; the next worker on the host (and the
     driver, at the end of a sweep) removes the directories whose owner pid is gone, and only those."""
-    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans
+    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans, scratch_prefix
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    orphan = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc"
-    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    orphan = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-12345-abc"
+    live = tmp_path / f"{scratch_prefix()}def"
     other = tmp_path / "agentrl-sweep-notapid-ghi"
     for d in (orphan, live, other):
         (d / "data").mkdir(parents=True)
@@ -256,6 +256,13 @@ def test_a_killed_workers_scratch_is_reaped_and_a_live_ones_kept(tmp_path):
     assert reap_orphans(tmp_path) == [orphan]
     assert not orphan.exists() and live.exists() and other.exists()
     assert reap_orphans(tmp_path) == []
+
+
+def test_a_reused_pid_does_not_keep_a_dead_workers_scratch(tmp_path):
+    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans
+    reused = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-1-abc"   # this pid, but a process that started at tick 1
+    reused.mkdir()
+    assert reap_orphans(tmp_path) == [reused]
 
 
 # ---------------------------------------------------------------------------------------------------- slow tier

@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentrl.tracking.run import process_alive, process_tag
+
 CODE = ("agentrl", "stages", "dvc.yaml", "params.yaml")   # what the working_dir ships (agentrl.sweep.plan)
 RECORD = ".sweep-run"          # the deferred MLflow run, inside the scratch directory
 SKIP = ("__pycache__", ".pytest_cache")
 LOG_TAIL = 20_000
-SCRATCH_PREFIX = "agentrl-sweep-"   # + the worker's pid + "-": a killed worker's directory is found by its dead pid
+SCRATCH_PREFIX = "agentrl-sweep-"   # + the worker's pid and start time: see scratch_prefix
 
 
 def read_tree(root: Path, rel: str) -> dict[str, bytes]:
@@ -95,23 +97,21 @@ def _side_files(work: Path, shipped: set[str], outs: list[str]) -> dict[str, byt
     return {rel: (work / rel).read_bytes() for rel in written if side(rel)}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # someone else's process
-        return True
-    return True
+def scratch_prefix() -> str:
+    """This worker's scratch directories: SCRATCH_PREFIX + pid + start time (agentrl.tracking.run.process_tag), so
+    a directory is matched to its process even after the pid is reused."""
+    _, pid, start = process_tag().rsplit(":", 2)
+    return f"{SCRATCH_PREFIX}{pid}-{start}-"
 
 
 def reap_orphans(tmp: Path | None = None) -> list[Path]:
     """Remove the scratch directories of workers that died without cleaning up (SIGKILL, a lost node) on this
-    host: those whose owner pid no longer runs. Returns what was removed."""
+    host: those whose owner process no longer runs. Returns what was removed."""
     removed = []
-    for path in Path(tmp or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = path.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+    for path in Path(tmp or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*-*"):
+        pid, start = path.name[len(SCRATCH_PREFIX):].split("-")[:2]
+        owner = f"{socket.gethostname()}:{pid}:{start}"
+        if path.is_dir() and pid.isdigit() and start.isdigit() and process_alive(owner) is False:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
@@ -123,7 +123,7 @@ def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
     recorded MLflow run, and the stage's output (a tail)."""
     started, code = time.time(), Path.cwd()
     reap_orphans()
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix()) as tmp:
         work = Path(tmp)
         for name in CODE:
             src = code / name
