@@ -73,6 +73,16 @@ def check_address(address: str) -> None:
                          "with `ray start --head` or fix --address / RAY_ADDRESS") from None
 
 
+_STOP = threading.Event()
+
+
+def _stop_requested(signum, frame):
+    """Ctrl-C and SIGTERM: raise KeyboardInterrupt, and also set a flag that the loop checks after every wait,
+    because Ray checks for signals while it blocks and a KeyboardInterrupt raised there can be consumed."""
+    _STOP.set()
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _signals_held():
     """Ctrl-C and SIGTERM wait until an instance is recorded whole (outputs, MLflow run, dvc.lock entry)."""
@@ -232,6 +242,8 @@ class Sweep:
                 self.progress(event)
             self.events = []
             ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=5.0)
+            if _STOP.is_set():
+                raise KeyboardInterrupt
             for ref in ready:
                 self.finish(ref)
             if not ready and time.time() - self.last_progress >= PROGRESS_EVERY:
@@ -297,7 +309,9 @@ def main(stage: str, address: str | None = None, max_parallel: int | None = None
     temp_dir = None if address else Path(tempfile.mkdtemp(prefix="ray-"))
     print(f"sweep {stage}: {len(todo)} of {len(instances)} instances missing or stale; "
           + (f"joining the Ray cluster at {address}" if address else "starting a local Ray"), flush=True)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    _STOP.clear()
+    previous = signal.signal(signal.SIGTERM, _stop_requested)
+    signal.signal(signal.SIGINT, _stop_requested)
     ray, sweep, interrupted = None, None, False
     try:
         ray = _start_ray(address, _stage_code(root, scratch / "code"), temp_dir)
