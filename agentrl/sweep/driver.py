@@ -77,8 +77,8 @@ _STOP = threading.Event()
 
 
 def _stop_requested(signum, frame):
-    """Ctrl-C and SIGTERM: raise KeyboardInterrupt, and also set a flag that the loop checks after every wait,
-    because Ray checks for signals while it blocks and a KeyboardInterrupt raised there can be consumed."""
+    """Ctrl-C and SIGTERM: raise KeyboardInterrupt, and also set a flag that the loop checks after every wait:
+    an interrupt that arrived while ray.wait blocked has been seen not to come out of it as KeyboardInterrupt."""
     _STOP.set()
     raise KeyboardInterrupt
 
