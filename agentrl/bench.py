@@ -176,6 +176,13 @@ def run_bench(args, model, source: str, tok) -> int:
     print(f"bench: TinyAgent {model.num_params():,} parameters ({source}); one step = "
           f"{cfg.group_size * cfg.tasks_per_step} episodes sampled + one update; median of {args.steps} steps")
     steps = {}
+    if args.json:   # one mode's step times, for compare_numerics
+        import json
+        import os
+        for threads in args.threads:
+            steps[threads] = time_steps(model, tok, tasks, cfg, args.steps, threads)
+        print(json.dumps({"numerics": os.environ.get("AGENTRL_NUMERICS"), "steps": steps}))
+        return 0
     for threads in args.threads:
         r = steps[threads] = time_steps(model, tok, tasks, cfg, args.steps, threads)
         print(f"  threads {threads}: step {r['step_s']:.3f} s  (sampling {r['sample_s']:.3f} s, update "
@@ -242,3 +249,39 @@ def profile_step_and_eval(model, tok, steps: int, threads: int, top: int = 14) -
         out += [line.replace(str(Path.cwd()) + "/", "") for line in lines[start:] if line.strip()]
         out.append("")
     return "\n".join(out)
+
+
+def compare_numerics(args) -> int:
+    """Step time under each numerics mode, side by side: each mode runs in its own process (the kernels are chosen
+    when torch loads), the modes alternate for `args.numerics_compare` rounds, and the figure is the ratio of the
+    medians of the same minute, on this machine."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from agentrl.numerics import cpu_info
+    base = [sys.executable, "-m", "agentrl", "bench", "--json", "--steps", str(args.steps), "--threads",
+            ",".join(map(str, args.threads))] + (["--model", args.model] if args.model else []) + \
+        (["--quick-base"] if args.quick_base else [])
+    runs: dict = {"portable": [], "native": []}
+    for i in range(args.numerics_compare):
+        for mode in (("portable", "native") if i % 2 == 0 else ("native", "portable")):
+            out = subprocess.run(base + ["--numerics", mode], capture_output=True, text=True, env=os.environ.copy())
+            if out.returncode != 0:
+                print(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"bench: {mode} failed",
+                      file=sys.stderr)
+                return out.returncode
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["steps"])
+    cpu = cpu_info()
+    print(f"bench: numerics modes side by side on {cpu['vendor']} {cpu['model']}, {args.numerics_compare} "
+          f"alternating rounds of {args.steps} steps per mode and thread count (median of the rounds' medians)")
+    for threads in args.threads:
+        med = {m: {k: statistics.median(r[str(threads)][k] for r in runs[m]) for k in ("sample_s", "update_s",
+                                                                                     "step_s")} for m in runs}
+        for mode in ("native", "portable"):
+            print(f"  threads {threads} {mode:8s}: step {med[mode]['step_s']:.3f} s (sampling "
+                  f"{med[mode]['sample_s']:.3f} s, update {med[mode]['update_s']:.3f} s)")
+        ratio = {k: med["portable"][k] / med["native"][k] for k in med["native"]}
+        print(f"  threads {threads} portable / native: step x{ratio['step_s']:.2f}, sampling "
+              f"x{ratio['sample_s']:.2f}, update x{ratio['update_s']:.2f}")
+    return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -79,9 +80,23 @@ def _model_path(args) -> str | None:
     return path
 
 
+def numerics_mode(args) -> str:
+    """--numerics, else params.yaml's run.numerics when the file says, else portable (the param's default)."""
+    import yaml
+    from agentrl.numerics import check_mode
+    if getattr(args, "numerics", None):
+        return args.numerics
+    try:
+        run = (yaml.safe_load(Path("params.yaml").read_text()) or {}).get("run") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        run = {}
+    return check_mode(run.get("numerics", "portable") if isinstance(run, dict) else "portable")
+
+
 def set_threads(n: int) -> None:
-    import torch
-    torch.set_num_threads(n)
+    """Threads and the CPU numerics main() pinned, set once for the verb (agentrl.numerics.enter)."""
+    from agentrl.numerics import enter
+    enter(n, os.environ.get("AGENTRL_NUMERICS", "portable"))
 
 
 def fail(msg: str) -> int:
@@ -185,7 +200,10 @@ def cmd_bench(args) -> int:
         _model_path(args)
     except ValueError as exc:
         return fail(str(exc))
-    from agentrl.bench import run_bench
+    from agentrl.bench import compare_numerics, run_bench
+    if args.numerics_compare:
+        return compare_numerics(args)
+    set_threads(max(args.threads))
     from agentrl.config import UserError
     from agentrl.env.tasks import make_tasks
     from agentrl.env.tokenizer import build_tokenizer
@@ -274,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     b.add_argument("--profile", action="store_true", help="instead: cProfile of --steps training steps and one "
                                                           "evaluation pass at the largest --threads (docs/performance.md)")
+    b.add_argument("--numerics-compare", type=_int_at_least(1), metavar="ROUNDS",
+                   help="instead: step time under portable and native numerics, each mode in its own process, "
+                        "alternating for ROUNDS rounds (docs/numerics.md)")
+    b.add_argument("--json", action="store_true", help="print the step times as one JSON line")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")
@@ -292,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--address", help="join a running Ray cluster (default: $RAY_ADDRESS, else a local Ray started "
                                      "and stopped by the command)")
     w.add_argument("--max-parallel", type=_int_at_least(1), help="at most this many instances at once")
+    for verb in (e, c, b, r, q):
+        verb.add_argument("--numerics", choices=["portable", "native"],
+                          help="CPU numerics for this verb (default: params.yaml run.numerics, else portable)")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
     m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
@@ -302,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from agentrl.numerics import NumericsError, pin
+    try:   # before any verb imports torch: the kernels are chosen when it loads
+        pin(numerics_mode(args))
+    except NumericsError as exc:
+        return fail(str(exc))
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
              "research": cmd_research, "sweep": cmd_sweep}

@@ -21,6 +21,7 @@ import yaml
 
 from agentrl.knobs import (ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob,  # noqa: F401
                            validate)
+from agentrl.numerics import NUMERICS_MODES
 
 FAMILIES = ("minmax", "range", "init", "compare", "zero")
 LOSS_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
@@ -50,6 +51,9 @@ def _int(default, doc="", lo=None, **kw):
 class RunConfig(Section):
     seed: int = _int(0, "every random stream derives from it (agentrl.seeding)", lo=0)
     threads: int = _int(2, "torch.set_num_threads at every entry point, before any tensor work", lo=1)
+    numerics: str = knob("portable", str, "CPU kernels: portable (AVX2-level, the same bits on every x86-64 machine"
+                         " with AVX2) or native (the CPU's best; bits tied to the machine class)",
+                         choices=NUMERICS_MODES)
 
 
 @dataclass(frozen=True)

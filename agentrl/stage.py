@@ -2,7 +2,8 @@
 
     1. validate: the params sections the stage reads (and run), and that every input exists -- a problem is one
        line on stderr and exit code 2, before any compute, any MLflow run or any output
-    2. threads: torch.set_num_threads(run.threads), the stage's only thread setting, before any tensor work
+    2. numerics and threads: agentrl.numerics.enter(run.threads, run.numerics) pins the CPU kernels and sets the
+       thread count, the stage's only such setting, before torch is imported
     3. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
     4. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
        diverged run) is again one line and exit code 2, and the run is marked FAILED
@@ -64,9 +65,13 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
             raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
     except UserError as exc:
         fail(str(exc))
-    if numeric:
-        import torch
-        torch.set_num_threads(params["run"].threads)
+    machine = None
+    if numeric:  # CPU numerics and threads, once, before any tensor work (agentrl.numerics)
+        from agentrl.numerics import NumericsError, enter
+        try:
+            machine = enter(params["run"].threads, params["run"].numerics)
+        except NumericsError as exc:
+            fail(str(exc))
     from agentrl.tracking.provenance import ProvenanceError
     from agentrl.tracking.run import stage_run
     logged = {s: section_values(s, p) for s, p in params.items()}
@@ -74,7 +79,8 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
         logged[section] = read_keys(logged[section], keys)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
     try:
-        with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads) as run:
+        with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads,
+                       machine=machine) as run:
             body(StageContext(name, params, run))
     except (UserError, ProvenanceError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -13,7 +13,7 @@ from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "ablate"]
 # not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})
-READS = {"run": ["threads"], "ablate": ["steps", "eval_per_task", "arms"]}
+READS = {"run": ["threads", "numerics"], "ablate": ["steps", "eval_per_task", "arms"]}
 
 
 def declared_start(arm: str) -> str:

@@ -12,7 +12,7 @@ from agentrl.rl.guards import BundleGuard
 from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "length"]
-READS = {"run": ["threads"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
+READS = {"run": ["threads", "numerics"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("length_start")]
 
 

@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+from agentrl.numerics import pin
+
+# the pipeline's default CPU numerics, before torch loads: byte-compared fixtures hold on every machine class
+# (override: AGENTRL_TEST_NUMERICS=native)
+pin(os.environ.get("AGENTRL_TEST_NUMERICS", "portable"))
+import torch  # noqa: E402
 
 # two threads, as the pipeline's default run.threads (override for a busy machine: AGENTRL_TEST_THREADS=1)
 torch.set_num_threads(int(os.environ.get("AGENTRL_TEST_THREADS", "2")))

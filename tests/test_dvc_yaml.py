@@ -36,7 +36,9 @@ def packages_of(file: str) -> set[str]:
 
 
 def code_closure(script: str) -> set[str]:
-    files, todo = {"agentrl/__init__.py"}, [script]
+    """The script's agentrl imports, transitively, and its package's __init__ (`python -m stages.x` runs it first:
+    it pins the CPU numerics) with what that imports."""
+    files, todo = {"agentrl/__init__.py", "stages/__init__.py"}, [script, "stages/__init__.py"]
     while todo:
         for module in agentrl_imports(REPO / todo.pop()):
             f = module_file(module)
@@ -69,7 +71,7 @@ def test_the_report_depends_on_no_model_code():
 
 
 def test_every_stage_script_is_a_stage_and_runs_as_a_module():
-    scripts = {p.stem for p in (REPO / "stages").glob("*.py")}
+    scripts = {p.stem for p in (REPO / "stages").glob("*.py")} - {"__init__"}
     assert scripts == set(stages())
     for name, stage in stages().items():
         assert stage["cmd"].startswith(f"python -m stages.{name}"), name
@@ -93,8 +95,9 @@ def test_params_are_keys_the_stage_reads_and_threads_feed_every_numeric_stage():
                 assert section in declared or f"{section}.{k}" in declared or \
                     any(d.startswith(f"{section}.{k}.${{item.") for d in declared), (name, section, k)
         numeric = "numeric=False" not in (REPO / "stages" / f"{name}.py").read_text()
-        if numeric:   # a stage with tensor work reruns when the thread count changes
+        if numeric:   # a stage with tensor work reruns when the thread count or the CPU numerics change
             assert any(p in ("run", "run.threads") for p in stage["params"]), name
+            assert any(p in ("run", "run.numerics") for p in stage["params"]), name
 
 
 def test_reports_are_uncached_and_persist_and_no_store_inside_outputs():

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
 from agentrl.tracking.provenance import ProvenanceError, work_root
 from agentrl.tracking.run import record_path
 from agentrl.tracking.store import _sqlite_path, probe, tracking_uri
@@ -159,9 +160,12 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
         warnings.append("the provenance record's code files differ from dvc.lock's (record from another dvc.yaml)")
     if not run["found"]:
         warnings.append(f"MLflow run not found ({run['error']})")
+    chain = lineage(stage, root)
+    verdict, why = attach_verdicts(chain)
     return {"spec": spec, "file": file, "path": dotted, "value": value, "stage": stage, "cmd": lock.get("cmd"),
             "params": params, "code": code, "inputs": inputs, "record": record, "run": run,
-            "status": "current" if not changes else "stale", "reasons": _reasons(changes), "warnings": warnings}
+            "status": "current" if not changes else "stale", "reasons": _reasons(changes), "warnings": warnings,
+            "lineage": chain, "reproduction": {"verdict": verdict, "why": why}}
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -180,6 +184,7 @@ def format_audit(result: dict) -> str:
     else:
         lines.append(f"  mlflow run   : {rec.get('mlflow', {}).get('run_id', '-')} (not found: {run['error']})")
     lines.append(f"  threads      : {rec.get('threads', '-')}")
+    lines.append(f"  machine      : {format_machine(rec.get('machine'))}")
     lines.append("  versions     : " + ", ".join(f"{k} {v}" for k, v in rec.get("versions", {}).items()))
     lines.append(f"  code version : commit {rec.get('git_commit', '-')}{' (dirty)' if rec.get('dirty') else ''}, "
                  f"code hash {rec.get('code_hash', '-')} over {len(result['code'])} files")
@@ -191,6 +196,7 @@ def format_audit(result: dict) -> str:
     lines.append(f"  inputs       : {len(result['inputs'])}")
     for name, digest in sorted(result["inputs"].items()):
         lines.append(f"      {name}  md5 {digest}")
+    lines += format_lineage(result["lineage"], _short)
     for warning in result["warnings"]:
         lines.append(f"  warning      : {warning}")
     if result["status"] == "current":
@@ -199,6 +205,11 @@ def format_audit(result: dict) -> str:
         lines.append(f"  status       : STALE ({len(result['reasons'])} change(s), as `dvc status "
                      f"{result['stage']}` reports)")
         lines += [f"      - {r}" for r in result["reasons"]]
+    rep = result["reproduction"]
+    meaning = {"bit-for-bit": "a rebuild here must give the same bytes",
+               "statistical": "a rebuild here gives other bits: compare within the report's intervals",
+               "unknown": "cannot tell"}[rep["verdict"]]
+    lines.append(f"  reproduction : {rep['verdict'].upper()} on this machine ({meaning}); {rep['why']}")
     return "\n".join(lines)
 
 

@@ -30,6 +30,10 @@ def code_closure(script: str, root: Path | str = ".") -> list[str]:
     """The stage script and every agentrl file it needs, sorted (the script first)."""
     root = Path(root)
     files, todo = {"agentrl/__init__.py"}, [script]
+    package = Path(script).parent / "__init__.py"   # `python -m stages.x` runs stages/__init__.py first
+    if package.as_posix() != "__init__.py" and (root / package).exists():
+        files.add(package.as_posix())
+        todo.append(package.as_posix())
     while todo:
         for module in _imports(root / todo.pop(), root):
             f = _file(module, root)

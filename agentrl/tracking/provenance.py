@@ -3,8 +3,9 @@
     where things live    project_root / work_root (a queued DVC experiment runs in a copy under .dvc/tmp/exps/)
     a stage's code       stage_code_files: the .py files dvc.yaml lists as the stage's deps (its import closure,
                          kept exact by tests/test_dvc_yaml.py) -- the one source of truth DVC also hashes
-    what produced it     build_provenance(stage, params, inputs, threads) -> the content record (params read,
-                         thread count, library versions, code files and hash, input hashes) and its fingerprint
+    what produced it     build_provenance(stage, params, inputs, threads, machine) -> the content record (params
+                         read, thread count, library versions, code files and hash, input hashes, the machine class
+                         its numerics ran on) and its fingerprint
     the code version     git_info (commit, dirty): recorded in the provenance record and MLflow, never in outputs
 
 Nothing here is written into a stage's outputs: outputs depend only on what made them (code, params, inputs,
@@ -22,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs")
+FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs", "numerics")
 _DVC_TMP = (".dvc", "tmp", "exps")
 
 
@@ -207,9 +208,11 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] = (), threads: int | None = 1,
-                     root: Path | str | None = None) -> dict:
+                     root: Path | str | None = None, machine: Mapping | None = None) -> dict:
     """The content record of a stage run and its fingerprint. Hashes every input first, so a missing artifact
-    fails here, before any run is created or output written."""
+    fails here, before any run is created or output written. `machine` (agentrl.numerics.machine_class) is
+    recorded whole; the fingerprint covers only the part of it that decides bits (numerics.bits_identity), so under
+    portable numerics the same stage on another CPU has the same fingerprint."""
     if not isinstance(stage, str) or not stage:
         raise ProvenanceError(f"stage must be a non-empty string, got {stage!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -225,5 +228,9 @@ def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] =
     files = stage_code_files(stage, root)
     record = {"stage": stage, "params": dict(sorted(flat.items())), "threads": threads, "versions": versions(),
               "code_files": files, "code_hash": code_hash(files, root), "inputs": dict(sorted(hashes.items()))}
+    if machine is not None:
+        from agentrl.numerics import bits_identity
+        record["machine"] = plain(dict(machine))
+        record["numerics"] = plain(bits_identity(machine))
     record["fingerprint"] = fingerprint(record)
     return record

@@ -150,6 +150,8 @@ def _run_tags(record: dict, git: dict, work: Path, root: Path) -> dict:
             "git.dirty": str(git["dirty"]).lower(), "run.threads": str(record["threads"]),
             "pipeline_run": pipeline_run_id(), "process": process_tag()}
     tags.update({f"version.{k}": v for k, v in record["versions"].items()})
+    tags.update({f"machine.{k}": v for k, v in (record.get("machine") or {}).items() if k != "env"})
+    tags.update({f"machine.env.{k}": v for k, v in ((record.get("machine") or {}).get("env") or {}).items()})
     tags.update({f"input.{p}": h for p, h in record["inputs"].items()})
     if git["commit"] != "unknown":
         tags["mlflow.source.git.commit"] = git["commit"]
@@ -229,12 +231,13 @@ def _sigterm_as_exception():
 
 @contextlib.contextmanager
 def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads: int | None,
-              experiment: str = DEFAULT_EXPERIMENT):
-    """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc)."""
+              experiment: str = DEFAULT_EXPERIMENT, machine: Mapping | None = None):
+    """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc). `machine` is the
+    machine class the stage's numerics ran on (agentrl.numerics.machine_class; None without tensor work)."""
     from mlflow.entities import Param
     work, root = work_root(), project_root()
     uri = tracking_uri(root)
-    record = build_provenance(stage, params, inputs, threads, root=work)  # fails before any run exists
+    record = build_provenance(stage, params, inputs, threads, root=work, machine=machine)  # before any run exists
     if os.environ.get(DEFER_ENV):
         client, exp_id, orphans = Recorder(os.environ[DEFER_ENV]), None, []
     else:
