@@ -265,6 +265,12 @@ def cmd_deps(args) -> int:
 
 
 def cmd_compare_reports(args) -> int:
+    if args.trees:
+        if len(args.trees) != 2:
+            return fail(f"compare-reports: give two report trees A B (e.g. reports /tmp/rebuild/reports), got "
+                        f"{len(args.trees)}")
+        from agentrl.report.verdict import main as compare_trees
+        return compare_trees(args.trees[0], args.trees[1], args.json)
     from agentrl.report.numbers import main
     return main(args.snapshot, args.reports, args.moved)
 
@@ -318,7 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
         verb.add_argument("--numerics", choices=["portable", "native"],
                           help="CPU numerics for this verb (default: params.yaml run.numerics, else portable)")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
-    m = sub.add_parser("compare-reports", help="numeric fields of reports/*.json against a snapshot")
+    m = sub.add_parser("compare-reports", help="two report trees A B: identical, or what differs and whether any "
+                                               "conclusion changes; without A B: reports/*.json against a snapshot")
+    m.add_argument("trees", nargs="*", metavar="TREE", help="two report directories, e.g. reports /tmp/x/reports")
+    m.add_argument("--json", action="store_true", help="with A B: the comparison as JSON")
     m.add_argument("--snapshot", default="tests/fixtures/reports_numbers.json")
     m.add_argument("--reports", default="reports")
     m.add_argument("--moved", default="tests/fixtures/reports_moved.json")

@@ -163,13 +163,36 @@ def test_audit_agrees_with_dvc_status(mini):
             (repo / path).write_text(original)
 
 
-def test_thread_count_is_a_param_of_exactly_the_numeric_stages(mini):
+def test_audit_walks_the_lineage_after_an_experiment(mini):
+    """rl.kl_coef is read by the train stage, not by the test stage: audit of the test headline shows it under the
+    train stage of its lineage, marked against the committed dvc.lock, with each stage's numerics and verdict."""
+    repo = mini["repo"]
+    try:
+        out = run([str(BIN / "dvc"), "exp", "run", "-S", "rl.kl_coef=0.05", "test"], repo)
+        assert {"train", "test"} <= stages_run(out.stdout)
+        spec = "reports/test.json:chosen.pass_at_1"
+        res = json.loads(run([sys.executable, "-m", "agentrl", "audit", spec, "--json"], repo).stdout)
+        chain = {item["stage"]: item for item in res["lineage"]["stages"]}
+        assert {"test", "train", "select", "preflight", "base", "tasks"} <= set(chain)
+        assert "rl.kl_coef" not in res["params"] and "rl.kl_coef" not in chain["test"]["params"]
+        assert chain["train"]["params"]["rl.kl_coef"] == 0.05 and chain["train"]["changed"] == {"rl.kl_coef": 0.0}
+        assert chain["base"]["changed"] == {} and chain["train"]["machine"]["mode"] == "portable"
+        assert res["reproduction"]["verdict"] == "bit-for-bit"
+        text = run([sys.executable, "-m", "agentrl", "audit", spec], repo).stdout
+        assert "rl.kl_coef=0.05 * (committed 0.0)" in text and "portable numerics, AVX2 kernels" in text
+    finally:
+        run("git checkout -q -- . && git clean -qfd reports", repo)
+        run([str(BIN / "dvc"), "checkout", "-q", "--force"], repo, check=False)
+
+
+def test_thread_count_and_numerics_are_params_of_exactly_the_numeric_stages(mini):
     repo = mini["repo"]
     original = (repo / "params.yaml").read_text()
     try:
-        (repo / "params.yaml").write_text(original.replace("threads: 2", "threads: 1", 1))
-        status = json.loads(run([str(BIN / "dvc"), "status", "--json"], repo).stdout)
-        assert set(status) == NUMERIC
+        for old, new in (("threads: 2", "threads: 1"), ("numerics: portable", "numerics: native")):
+            (repo / "params.yaml").write_text(original.replace(old, new, 1))
+            status = json.loads(run([str(BIN / "dvc"), "status", "--json"], repo).stdout)
+            assert set(status) == NUMERIC, old
     finally:
         (repo / "params.yaml").write_text(original)
 

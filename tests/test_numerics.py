@@ -1,0 +1,111 @@
+"""CPU numerics pinned like threads (agentrl.numerics, docs/numerics.md).
+
+The teeth: under `native` the bytes of a short base cloning change when the dispatched ISA is changed from
+outside (ATEN_CPU_CAPABILITY=default against avx2, both of which every supported machine runs); under `portable`
+they are the same whatever the outside environment says about PyTorch's, MKL's and oneDNN's kernels."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl import numerics
+from agentrl.tracking.provenance import fingerprint
+
+REPO = Path(__file__).resolve().parents[1]
+
+CLONE = """
+import hashlib, sys
+from agentrl.numerics import enter
+machine = enter(2, sys.argv[1])
+from agentrl.config import BaseConfig
+from agentrl.env.tasks import make_tasks
+from agentrl.env.tokenizer import build_tokenizer
+from agentrl.rl.starting import make_rl_base
+tok = build_tokenizer(make_tasks("all"))
+model, _ = make_rl_base(tok, make_tasks("train"), BaseConfig(steps=12, teach_steps=6, demos_per_task=4), seed=0)
+print(machine["isa"], hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
+"""
+OUTSIDE = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+           "AGENTRL_NUMERICS")
+
+
+def clone(mode: str, **outside) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in OUTSIDE}
+    env.update(outside)
+    out = subprocess.run([sys.executable, "-c", CLONE, mode], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    isa, digest = out.stdout.split()
+    return isa, digest
+
+
+@pytest.mark.slow
+def test_native_bytes_follow_the_dispatched_isa_and_portable_bytes_do_not():
+    native_default = clone("native", ATEN_CPU_CAPABILITY="default")
+    native_avx2 = clone("native", ATEN_CPU_CAPABILITY="avx2")
+    assert native_default[0] == "DEFAULT" and native_avx2[0] == "AVX2"
+    assert native_default[1] != native_avx2[1]     # the kernels decide the bits
+    portable = {clone("portable"),
+                clone("portable", ATEN_CPU_CAPABILITY="default", MKL_CBWR="AUTO", ONEDNN_MAX_CPU_ISA="ALL"),
+                clone("portable", ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512")}
+    assert len(portable) == 1 and next(iter(portable))[0] == "AVX2"   # whatever the outside says
+
+
+def test_pin_overrides_the_outside_environment(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    for key in numerics.PORTABLE_ENV:
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    monkeypatch.setattr(numerics, "cpu_info", lambda: {"avx2": True, "flags": {"avx2", "fma"}, "model": "x"})
+    monkeypatch.delitem(sys.modules, "torch", raising=False)   # as at an entry point, before torch loads
+    numerics.pin("portable")
+    assert {k: os.environ[k] for k in numerics.PORTABLE_ENV} == numerics.PORTABLE_ENV
+
+
+def test_pin_refuses_after_torch_loaded_with_other_kernels_and_a_machine_without_avx2(monkeypatch):
+    import torch  # noqa: F401 - loaded, as in this test process
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    with pytest.raises(numerics.NumericsError, match="before torch is imported"):
+        numerics.pin("portable")
+    monkeypatch.setattr(numerics, "cpu_info", lambda: {"avx2": False, "flags": {"sse2"}, "model": "Old CPU"})
+    with pytest.raises(numerics.NumericsError, match="portable needs a CPU with avx2"):
+        numerics.pin("portable")
+    with pytest.raises(numerics.NumericsError, match="run.numerics: expected one of portable, native"):
+        numerics.pin("fast")
+
+
+def test_this_test_process_runs_portable_numerics():
+    import torch
+    assert torch.backends.cpu.get_cpu_capability() == "AVX2"
+    machine = numerics.machine_class()
+    assert machine["mode"] == "portable" and machine["mkl"] != "none" and machine["onednn"] != "none"
+
+
+def machine(**kw):
+    base = {"mode": "portable", "cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC", "isa": "AVX2",
+            "torch": "2.13.0+cpu", "mkl": "2024.2", "onednn": "3.12.0", "threads": 2, "env": {}}
+    return {**base, **kw}
+
+
+def test_verdict_portable_is_bit_for_bit_across_cpus_native_only_on_the_same_class():
+    intel = dict(cpu_vendor="GenuineIntel", cpu_model="Xeon", isa="AVX512")
+    assert numerics.reproduction_verdict(machine(), machine(**{**intel, "isa": "AVX2"}))[0] == "bit-for-bit"
+    assert numerics.reproduction_verdict(machine(), machine(mkl="2025.0"))[0] == "statistical"
+    assert numerics.reproduction_verdict(machine(), machine(threads=1))[0] == "statistical"
+    native = machine(mode="native", isa="AVX512")
+    assert numerics.reproduction_verdict(native, machine(mode="native", isa="AVX512"))[0] == "bit-for-bit"
+    verdict, why = numerics.reproduction_verdict(native, machine(mode="native", **intel))
+    assert verdict == "statistical" and "cpu_vendor" in why
+    assert numerics.reproduction_verdict(None, machine())[0] == "unknown"
+
+
+def test_the_fingerprint_covers_what_decides_bits_only():
+    record = {"stage": "base", "params": {}, "threads": 2, "versions": {}, "code_hash": "x", "inputs": {}}
+    amd, intel = machine(), machine(cpu_vendor="GenuineIntel", cpu_model="Xeon")
+    same = [fingerprint({**record, "numerics": numerics.bits_identity(m)}) for m in (amd, intel)]
+    assert same[0] == same[1]
+    native = [fingerprint({**record, "numerics": numerics.bits_identity({**m, "mode": "native"})})
+              for m in (amd, intel)]
+    assert native[0] != native[1] and native[0] != same[0]
