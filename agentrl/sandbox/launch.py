@@ -16,7 +16,7 @@ import selectors
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.sandbox.interpreter import discover
@@ -57,7 +57,6 @@ class Execution:
     stdout: str
     stderr: str
     wall_ms: float
-    extra: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -126,12 +125,13 @@ def _write_id_maps(pid: int) -> None:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the bwrap monitor's group; its namespace's init dies with it (--die-with-parent), and with the init
-    every process of the PID namespace."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL the bwrap monitor's group (only while the monitor is unreaped, so its id cannot have been reused);
+    its namespace's init dies with it (--die-with-parent), and with the init every process of the namespace."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run(files: dict, harness_args: dict, limits: Limits = Limits()) -> Execution:
@@ -193,8 +193,28 @@ def _supervise(proc, info_r, block_w, config: bytes, limits: Limits, start: floa
     if info is None or "child-pid" not in info:
         proc.wait(timeout=5)
         raise SandboxUnavailable(f"sandbox: bubblewrap could not start: {proc.stderr.read().decode()[-300:]}")
-    _write_id_maps(int(info["child-pid"]))
-    os.write(block_w, b"1")
+    child = int(info["child-pid"])
+    init = os.pidfd_open(child)   # the namespace's init: once it has exited, so has every process inside
+    try:
+        _write_id_maps(child)
+        os.write(block_w, b"1")
+        return _communicate(proc, config, limits, start, deadline)
+    finally:
+        _kill(proc)
+        _wait_exited(init)
+        os.close(init)
+
+
+def _wait_exited(pidfd: int, seconds: float = 10.0) -> None:
+    """The kernel kills a PID namespace's processes when its init dies and reaps them before the init exits, so a
+    readable pidfd means nothing of the sandbox is left running."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(pidfd, selectors.EVENT_READ)
+        if not sel.select(timeout=seconds):
+            raise RuntimeError("sandbox: the namespace's processes outlived their kill")
+
+
+def _communicate(proc, config: bytes, limits: Limits, start: float, deadline: float) -> Execution:
     try:
         proc.stdin.write(config)
         proc.stdin.close()
