@@ -193,10 +193,12 @@ def test_leaving_a_background_process(guard):
                  "import multiprocessing, time\nmultiprocessing.Process(target=time.sleep, args=(3600,)).start()\n"):
         obs, _ = run_program(code)
         assert "Error" in obs, obs
-    # and a program that simply outlives its run is killed with the namespace
-    obs, _ = run_program("import time\nprint('started', flush=True)\ntime.sleep(0.5)\nimport os\nos.close(1)\n"
-                         "os.close(2)\ntime.sleep(3600)\n")
-    assert "started" in obs
+    # a program that closes its output and lingers is killed with its namespace at the (here 1 s) timeout
+    env = ToolsEnv(TASK, NAME)
+    env.step({"name": "Write", "arguments": {"file_path": "evil.py", "content": (
+        "import os, time\nprint('started', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(3600)\n")}})
+    obs = env.step({"name": "Bash", "arguments": {"command": "python evil.py", "timeout": 1000}})
+    assert "started" in obs and "Killed: the wall-time limit of 1 s was reached." in obs
 
 
 @pytest.mark.parametrize("exit_call", ["import sys\nsys.exit(0)", "import os\nos._exit(0)"])
