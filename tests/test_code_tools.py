@@ -215,6 +215,7 @@ def test_fix_edit_copies_whole_lines_and_widens_until_unique(buggy, fixed, old, 
     assert buggy.count(old) == 1 and buggy.replace(old, new) == fixed
 
 
+@pytest.mark.slow   # ten sandboxed runs
 def test_the_expert_reads_edits_tests_and_answers_on_every_family():
     tasks = {t.family: t for t in make_tasks("train")}
     for task in tasks.values():

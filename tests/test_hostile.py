@@ -1,7 +1,8 @@
 """The hostile-program suite (docs/sandbox.md has the table): each program goes through the tools a model uses, and
 each test checks that it was contained, that the model was told in an observation, that nothing is left running
 and nothing was written outside the sandbox, that the grader was not fooled, and that this process (the trainer's
-stand-in) is unaffected. Run as root, as CI runs it."""
+stand-in) is unaffected. Run as root, as CI runs it. Every row starts and kills sandboxes, so the suite is in the
+slow tier, but for two canaries kept fast: the fork bomb and the forged grader result."""
 import hashlib
 import os
 import resource
@@ -108,11 +109,13 @@ def test_sleeping_forever_meets_the_wall_clock(guard):
     assert time.perf_counter() - start < 12
 
 
+@pytest.mark.slow
 def test_allocating_4_gib(guard):
     obs, _ = run_program("block = bytearray(4 << 30)\nprint(len(block))\n")
     assert "MemoryError" in obs and "4294967296" not in obs
 
 
+@pytest.mark.slow
 def test_writing_100_mib(guard):
     obs, _ = run_program("with open('big', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * (1 << 20))\n")
     assert "OSError: [Errno 27] File too large" in obs
@@ -121,12 +124,14 @@ def test_writing_100_mib(guard):
     assert "No space left on device" in obs   # the directory is a 16 MiB tmpfs
 
 
+@pytest.mark.slow
 def test_writing_outside_the_directory(guard):
     for target in ("/tmp/x", str(PARAMS), "/sandbox/../tmp/x", "/harness/boot.py"):
         obs, _ = run_program(f"open({target!r}, 'w').write('owned')\n")
         assert ("FileNotFoundError" in obs or "Read-only file system" in obs or "PermissionError" in obs), obs
 
 
+@pytest.mark.slow
 def test_reading_the_project_and_etc_shadow(guard):
     for target in (str(PARAMS), str(REPO / "agentrl" / "config.py"), "/etc/shadow", "/etc/passwd",
                    "/proc/1/environ"):
@@ -135,6 +140,7 @@ def test_reading_the_project_and_etc_shadow(guard):
     assert "root:" not in obs
 
 
+@pytest.mark.slow
 def test_a_tcp_connection_to_a_local_listener_and_a_dns_lookup(guard):
     listener = socket.socket()
     try:
@@ -152,6 +158,7 @@ def test_a_tcp_connection_to_a_local_listener_and_a_dns_lookup(guard):
     assert "gaierror" in obs and "pypi.org', 443" not in obs.split("Traceback")[0]
 
 
+@pytest.mark.slow
 def test_killing_the_parent(guard):
     code = ("import os, signal\n"
             "for pid in (os.getppid(), 1, %d, -1):\n"
@@ -164,6 +171,7 @@ def test_killing_the_parent(guard):
     assert "still here" in obs
 
 
+@pytest.mark.slow
 def test_raising_its_own_limits(guard):
     code = ("import resource\n"
             "for name in ('RLIMIT_CPU', 'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NPROC'):\n"
@@ -177,6 +185,7 @@ def test_raising_its_own_limits(guard):
     assert f"(5, 6) ({1 << 30}, {1 << 30})" in obs
 
 
+@pytest.mark.slow
 def test_spawning_sh(guard):
     for code in ("import subprocess\nsubprocess.run(['sh', '-c', 'echo owned'])\n",
                  "import os\nprint('status', os.system('echo owned'))\n",
@@ -187,6 +196,7 @@ def test_spawning_sh(guard):
         assert "Error" in obs or "status 32512" in obs   # system(3): 127 << 8, the shell could not run
 
 
+@pytest.mark.slow
 def test_leaving_a_background_process(guard):
     for code in ("import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(3600)\n",
                  "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n",
@@ -201,6 +211,7 @@ def test_leaving_a_background_process(guard):
     assert "started" in obs and "Killed: the wall-time limit of 1 s was reached." in obs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exit_call", ["import sys\nsys.exit(0)", "import os\nos._exit(0)"])
 def test_exiting_at_import_to_fake_a_pass(guard, exit_call):
     env = ToolsEnv(TASK, NAME)
@@ -211,6 +222,7 @@ def test_exiting_at_import_to_fake_a_pass(guard, exit_call):
     assert env.reward == 0.0 and not env.info["hidden_pass"] and env.info["false_success_claim"]
 
 
+@pytest.mark.slow
 def test_monkeypatching_the_tests_fakes_the_public_run_but_not_the_grade(guard):
     source = ("import sys\n"
               "harness = sys.modules.get('sandbox_harness')\n"
@@ -247,6 +259,7 @@ def test_monkeypatching_the_grader_cannot_forge_a_result(guard):
     assert env.reward == 0.0 and env.info["grade"] == "ok" and env.info["false_success_claim"]
 
 
+@pytest.mark.slow
 def test_100_mb_on_stdout(guard):
     start = time.perf_counter()
     obs, _ = run_program("import sys\nsys.stdout.write('x' * 100_000_000)\n")
@@ -254,6 +267,7 @@ def test_100_mb_on_stdout(guard):
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.slow
 def test_the_expert_still_passes_after_the_hostile_runs(guard):
     env = ToolsEnv(TASK, NAME)
     play(env, expert_calls(TASK, NAME))

@@ -49,6 +49,7 @@ def test_a_program_runs_with_its_output_and_exit_code():
     assert (e.status, e.exit_code, e.stdout, e.stderr) == ("exited", 3, "out\n", "err\n")
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_inside_it_is_an_unprivileged_uid_with_an_empty_environment_and_no_site_packages():
     e = script("import os, sys, json\nprint(json.dumps([os.getuid(), os.getgid(), os.getgroups(), "
                "dict(os.environ), sys.flags.isolated, sys.flags.no_site, [p for p in sys.path if 'site' in p]]))")
@@ -58,6 +59,7 @@ def test_inside_it_is_an_unprivileged_uid_with_an_empty_environment_and_no_site_
     assert (isolated, no_site, site) == (1, 1, [])
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_it_sees_only_its_directory_the_harness_and_the_interpreter():
     e = script("import os, json\nprint(json.dumps(sorted(os.listdir('/'))))\n"
                "print(json.dumps([os.path.exists(p) for p in ('/etc', '/home', '/proc', '/tmp', '/work', '/sys', "
@@ -70,6 +72,7 @@ def test_it_sees_only_its_directory_the_harness_and_the_interpreter():
     assert not any(present)
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_on_the_host_it_is_an_unprivileged_uid_without_capabilities_under_seccomp():
     """While the program sleeps, find it in the host's /proc by its host uid; the last sighting is the program
     after boot's lock-down."""
@@ -100,6 +103,7 @@ def test_on_the_host_it_is_an_unprivileged_uid_without_capabilities_under_seccom
     assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_the_network_namespace_holds_on_its_own_without_the_filter():
     """bwrap's command line with a plain interpreter instead of boot (no seccomp): a listener on the host's
     127.0.0.1 is not reachable from inside."""
@@ -153,6 +157,7 @@ def pytest_run(lib: str, targets=(), **opts):
     return run({"lib.py": lib, "test_lib.py": TESTS}, {"mode": "pytest", "targets": list(targets), **opts})
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_the_runner_reports_passes_and_failures_with_the_failing_line():
     good = pytest_run("def f(x):\n    return 2 * x\n")
     assert good.exit_code == 0 and "2 passed" in good.stdout
@@ -163,6 +168,7 @@ def test_the_runner_reports_passes_and_failures_with_the_failing_line():
     assert "test_lib.py:7: assert f(2) == 4" in bad.stdout and "1 failed, 1 passed" in bad.stdout
 
 
+@pytest.mark.slow   # starts sandboxes
 def test_the_runner_selects_one_test_and_reports_collection_errors():
     one = pytest_run("def f(x):\n    return x + 1\n", ["test_lib.py::test_one"])
     assert one.exit_code == 0 and "1 passed" in one.stdout
@@ -185,6 +191,7 @@ def test_the_grader_passes_a_correct_function_and_fails_a_wrong_one():
 @pytest.mark.parametrize("body", ["return bool(x)", "return float(2 * x)",
                                   "class I(int):\n        def __eq__(self, o): return True\n    return I(0)",
                                   "class A:\n        def __eq__(self, o): return True\n    return A()"])
+@pytest.mark.slow   # starts sandboxes
 def test_the_grader_compares_exact_types_and_ignores_custom_equality(body):
     g = grade(f"def g(x):\n    {body}\n", "g", CASES)
     assert g.passed.count(True) <= 1 and not g.all_passed
