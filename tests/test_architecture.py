@@ -13,7 +13,8 @@ MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
     ["agentrl.config", "agentrl.knobs", "agentrl.numerics", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
-    ["agentrl.env"],
+    ["agentrl.env", "agentrl.sandbox"],
+    ["agentrl.tools"],
     ["agentrl.model"],
     ["agentrl.rl"],
     ["agentrl.eval"],
