@@ -15,6 +15,7 @@ LAYERS = [
     ["agentrl.config", "agentrl.knobs", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
     ["agentrl.env"],
     ["agentrl.model"],
+    ["agentrl.backends"],
     ["agentrl.rl"],
     ["agentrl.eval"],
     ["agentrl.faults"],
