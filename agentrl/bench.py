@@ -43,15 +43,17 @@ def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
 def full_recompute_episodes(model, envs: list, tok, generator, temperature: float = 1.0,
                             max_call_tokens: int = 5) -> list:
     """The baseline sampler: the same turn loop and the same draws as rollout.sample_episodes, but no KV cache:
-    every token is one full forward over the whole prefix of every episode still in its call."""
+    every token is one full forward (the backend's plain `logits`) over the whole prefix of every episode still in
+    its call."""
     import torch
     import torch.nn.functional as F
-    from agentrl.env.gym import END_CALL
+    from agentrl.env.formats import conversation
     from agentrl.rl.rollout import OWNER, Trajectory, pad_rows
-    ids = [tok.encode(env.reset()) for env in envs]
+    fmt = conversation(tok)
+    ids = [fmt.prompt(env) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]
-    end_call = tok.id(END_CALL)
+    end_call = fmt.stop_id
     alive = list(range(len(envs)))
     with torch.inference_mode():
         while alive:
@@ -61,8 +63,10 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
                 if not in_call:
                     break
                 lengths = torch.tensor([len(ids[r]) for r in in_call])
-                logits = model(pad_rows([ids[r] for r in in_call], tok.pad_id))
-                scaled = logits[torch.arange(len(in_call)), lengths - 1] / temperature
+                prefixes = pad_rows([ids[r] for r in in_call], fmt.pad_id)
+                last = torch.zeros(prefixes.shape, dtype=torch.bool)
+                last[torch.arange(len(in_call)), lengths - 1] = True
+                scaled = model.logits(prefixes, last) / temperature
                 token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
                 token_logp = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
                 for r, t, lp in zip(in_call, token.tolist(), token_logp.tolist()):
@@ -73,9 +77,9 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
                 in_call = [r for r, t in zip(in_call, token.tolist()) if t != end_call]
             going = []
             for r in alive:
-                obs = envs[r].step([tok.vocab[t] for t in calls[r]])
+                obs = envs[r].step(fmt.action(calls[r]))
                 if obs is not None:
-                    reply = tok.encode(obs)
+                    reply = fmt.reply(obs, closed=bool(calls[r]) and calls[r][-1] == end_call)
                     ids[r] += reply
                     owner[r] += [OWNER["env"]] * len(reply)
                     logp[r] += [0.0] * len(reply)

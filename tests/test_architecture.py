@@ -16,6 +16,7 @@ LAYERS = [
     ["agentrl.env", "agentrl.sandbox"],
     ["agentrl.tools"],
     ["agentrl.model"],
+    ["agentrl.backends"],
     ["agentrl.rl"],
     ["agentrl.eval"],
     ["agentrl.faults"],

@@ -8,7 +8,7 @@ import torch
 from agentrl.env.gym import make_env_factory
 from agentrl.eval.stats import mean_pass_at_k
 from agentrl.rl.dashboard import behavior_stats
-from agentrl.rl.objectives import entropy_from_logits, masked_mean
+from agentrl.rl.objectives import masked_mean
 from agentrl.rl.rollout import Trajectory, collate, sample_episodes
 from agentrl.rl.trainer import Hook, TrainState
 from agentrl.seeding import generator as stream_generator
@@ -44,8 +44,8 @@ def sample_counts(model, tasks: list, tok, n_per_task: int, generator: torch.Gen
 def action_entropy(model, trajs: list[Trajectory], tok) -> float:
     """Mean entropy (nats) of the policy's next-token distribution at policy tokens."""
     batch = collate(trajs, tok.pad_id)
-    logits = model(batch["ids"])[:, :-1]
-    return float(masked_mean(entropy_from_logits(logits), batch["action_mask"]))
+    entropy = model.log_probs(batch["ids"], at=batch["action_mask"] > 0, entropy=True)[1]
+    return float(masked_mean(entropy, batch["action_mask"]))
 
 
 def group_gradient_share(trajs: list[Trajectory], group_size: int) -> float:

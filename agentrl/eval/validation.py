@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from agentrl.artifacts import CHECKPOINT_DIR, DATA, checkpoint_path
+from agentrl.backends.registry import save as save_checkpoint
 from agentrl.eval.evaluation import evaluate
-from agentrl.model.checkpoints import CheckpointError, read_checkpoint, save_policy
+from agentrl.model.checkpoints import CheckpointError, read_checkpoint
 from agentrl.rl.trainer import Hook, TrainState
 from agentrl.seeding import generator as stream_generator
 
@@ -39,7 +40,7 @@ class CheckpointHook(Hook):
         self.validation.append({"step": updates, "pass_rate": res["pass_rate"], "per_task": res["per_task"]})
         if self.log_metric is not None:
             self.log_metric({"validation_pass": res["pass_rate"]}, updates)
-        save_policy(checkpoint_path(updates), state.model, self.tok.hash, extra={
+        save_checkpoint(state.model, checkpoint_path(updates), self.tok.hash, extra={
             "step": updates, "optimizer": state.optimizer.state_dict(), "generator": state.generator.get_state(),
             "history": state.history, "validation": self.validation})
 

@@ -31,3 +31,13 @@ def rowwise(fn, x: torch.Tensor, min_rows: int) -> torch.Tensor:
 def real_positions(lengths: torch.Tensor, width: int) -> torch.Tensor:
     """Flat indices (row * width + col) of each row's first lengths[row] positions, row-major."""
     return (torch.arange(width)[None] < lengths[:, None]).reshape(-1).nonzero().squeeze(1)
+
+
+def pad_rows(rows: list[list], pad_value, width: int | None = None, dtype=torch.long) -> torch.Tensor:
+    """Right-pad lists to one width -> [B, width]."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), pad_value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+    return out

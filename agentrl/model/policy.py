@@ -2,11 +2,14 @@
 
 Two ways to run it:
 - `forward(ids)`: the trainer's full causal pass over right-padded rows, ids [B, T] -> logits [B, T, V].
-- `forward_cached(ids, pos, valid, cache, out)`: the sampler's incremental pass over one chunk of *slots* of a
+- `forward_cached(ids, pos, valid, cache, last)`: the sampler's incremental pass over one chunk of *slots* of a
   `KVCache` (agentrl.model.cache): slots are shared by all rows and a row with nothing to add at a slot leaves it
   invalid (masked), so episodes at different points of their turn structure advance together. Attention sees
   only valid earlier slots, and `pos` is each token's position in its own row, so the result equals the full pass
-  on the compact row. With `out`, only the valid slots are computed (bit-identical at those slots).
+  on the compact row. With `last`, only the valid slots are computed (bit-identical at those slots).
+
+TinyAgent is a policy backend (agentrl.backends.base): `sampler`, `logits`, `log_probs`, `frozen_log_probs`,
+and `describe` wrap the passes above, and the sampler, trainer, evaluation and invariants call only those.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentrl.model.cache import Chunk, KVCache
-from agentrl.model.packing import MIN_ROWS, real_positions, rowwise
+from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
+from agentrl.model.packing import MIN_ROWS, pad_rows, real_positions, rowwise
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -182,3 +186,77 @@ class TinyAgent(nn.Module):
         if not last:
             return chunk.rows(self._logits, x).view(B, L, -1)
         return chunk.rows(self._logits, x if L == 1 else x[chunk.last])
+
+    # ---------------------------------------------------------------- the policy-backend interface
+
+    kind = "tinyagent"
+
+    def describe(self) -> dict:
+        return {"backend": self.kind, "parameters": self.num_params(), "config": self.cfg.to_dict()}
+
+    def sampler(self, pad_id: int) -> "CachedSampler":
+        return CachedSampler(self, pad_id)
+
+    def logits(self, ids: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """The full pass's logits after every position [B, T, V], or only at the positions `at` [B, T] marks [N, V]."""
+        z = self(ids)
+        return z if at is None else z[at]
+
+    def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
+                  entropy: bool = False):
+        """The trainer's differentiable pass: log p(ids[1:]) of softmax(logits / temperature) [B, T-1] and, if
+        asked, its entropy [B, T-1]. TinyAgent is small enough to compute every position (`at` is a hint)."""
+        logits = self(ids)[:, :-1] / temperature
+        logp = selected_log_probs(logits, ids[:, 1:])
+        return logp, (entropy_from_logits(logits) if entropy else None)
+
+    def frozen_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, at: torch.Tensor | None = None,
+                         temperature: float = 1.0, entropy: bool = False):
+        """log_probs without gradient (called under torch.no_grad) from the real tokens only (forward_packed):
+        bit-identical to the dense pass wherever the input token is real and 0 where it is padding (no mask covers
+        those: every log-ratio there is exp(logp - 0) <= 1). Returns (logp, entropy or None)."""
+        B, T = ids.shape
+        logits = self.forward_packed(ids, lengths)
+        inputs = real_positions(lengths, T)                # flat [B, T] positions of the computed logits
+        predicts = (inputs % T) < T - 1                    # ... that have a target in ids[1:]
+        at = inputs[predicts]
+        at = at - at // T                                  # the same positions in [B, T-1]
+        logits = logits[predicts] / temperature
+        logp = selected_log_probs(logits, ids[:, 1:].reshape(-1)[at])
+        out = logp.new_zeros(B * (T - 1)).index_put_((at,), logp).view(B, T - 1)
+        if not entropy:
+            return out, None
+        return out, logp.new_zeros(B * (T - 1)).index_put_((at,), entropy_from_logits(logits)).view(B, T - 1)
+
+
+class CachedSampler:
+    """TinyAgent's KV-cached sampling state over a batch of rows (agentrl.backends.base.Sampler)."""
+
+    def __init__(self, model: TinyAgent, pad_id: int):
+        self.model, self.pad_id = model, pad_id
+        self.cache = model.new_cache()
+        self.lengths: torch.Tensor | None = None   # tokens in each cache row
+
+    def append(self, chunks: list[list[int]]) -> torch.Tensor:
+        """One non-empty chunk of tokens per row -> logits after each row's last token [rows, V]."""
+        if self.lengths is None:
+            self.lengths = torch.zeros(len(chunks), dtype=torch.long)
+        n = torch.tensor([len(c) for c in chunks])
+        L = int(n.max())
+        offs = torch.arange(L)[None]
+        pos = (self.lengths[:, None] + offs).clamp(max=self.model.cfg.max_len - 1)
+        logits = self.model.forward_cached(pad_rows(chunks, self.pad_id, L), pos, offs < n[:, None], self.cache,
+                                           last=True)
+        self.lengths += n
+        return logits
+
+    def step(self, tokens: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """tokens [rows, 1] (padding where not active), active [rows] -> logits after them [active rows, V]."""
+        logits = self.model.forward_cached(tokens, self.lengths[:, None], active[:, None], self.cache, last=True)
+        self.lengths += active
+        return logits
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (ascending), the episodes still running."""
+        self.cache.keep(rows)
+        self.lengths = self.lengths[rows]

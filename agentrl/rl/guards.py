@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from agentrl.config import Diverged, RLConfig
-from agentrl.model.policy import ModelConfig, TinyAgent
+from agentrl.backends.registry import from_description
 from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, TrainState, frozen_copy, make_optimizer, rl_update
 
 BATCH_KEYS = ("ids", "attention_mask", "owner", "action_mask", "sample_logp", "rewards", "group", "advantages")
@@ -52,11 +52,12 @@ def divergence(row: dict) -> str | None:
 
 
 def save_bundle(path, *, step: int, cfg: RLConfig, fault, model_state, optim_state, ref_state, batch: dict,
-                stats: dict, generator_state, reason: str, threads: int, model_cfg: ModelConfig) -> str:
+                stats: dict, generator_state, reason: str, threads: int, model: dict) -> str:
+    """model: the policy backend's describe() (its kind and config)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"step": step, "cfg": cfg.to_dict(), "bug": fault, "reason": reason, "threads": threads,
-                "model_config": model_cfg.to_dict(), "model_state": model_state, "optim_state": optim_state,
+                "backend": model["backend"], "model_config": model["config"], "model_state": model_state, "optim_state": optim_state,
                 "ref_state": ref_state, "batch": {k: batch[k] for k in BATCH_KEYS},
                 "stats": stats, "generator_state": generator_state}, path)
     return str(path)
@@ -86,7 +87,7 @@ class BundleGuard(Hook):
             return None
         return save_bundle(self.dir / f"step_{step:04d}.pt", step=step, cfg=state.cfg or self.cfg,
                            fault=self.fault, batch=state.batch, stats=stats, reason=reason,
-                           threads=torch.get_num_threads(), model_cfg=state.model.cfg, **self.snapshot)
+                           threads=torch.get_num_threads(), model=state.model.describe(), **self.snapshot)
 
     def on_failure(self, step: int, state: TrainState, exc: NonFiniteError) -> None:
         exc.bundle = self._write(step, state, str(exc), exc.stats)
@@ -114,7 +115,7 @@ def replay_bundle(path, seams_for=lambda fault: SEAMS) -> tuple[dict, dict]:
     torch.set_num_threads(int(b["threads"]))
     cfg = RLConfig(**b["cfg"])
     seams: Seams = seams_for(b["bug"])
-    model = TinyAgent(ModelConfig(**b["model_config"]))
+    model = from_description({"backend": b.get("backend", "tinyagent"), "config": b["model_config"]})
     model.load_state_dict(b["model_state"])
     optimizer = make_optimizer(model, cfg)
     optimizer.load_state_dict(b["optim_state"])

@@ -92,15 +92,15 @@ def check_mask(batch: dict, truth: torch.Tensor) -> dict:
     return {"mask_is_policy": int((truth != batch["action_mask"]).sum())}
 
 
-def check_log_probs(model, batch: dict, mbs: list, seams: Seams) -> dict:
+def check_log_probs(model, batch: dict, mbs: list, cfg: RLConfig, seams: Seams) -> dict:
     """2. the trainer's log-probs equal the sampler's on every trained token; 3. the old log-probs the update
     gets equal a fresh forward's, so the ratio is 1 before the first step."""
-    recomputed = pre_update_pass(model, mbs)[0]
+    recomputed = pre_update_pass(model, mbs, cfg.temperature)[0]
     old = seams.old_log_probs(mbs, recomputed)
     mask = batch["action_mask"]
     gap = (torch.cat([r.detach() for r in recomputed]) - batch["sample_logp"]).abs()
     with torch.no_grad():
-        fresh = refs.log_probs(model, batch["ids"])
+        fresh = refs.log_probs(model, batch["ids"], cfg.temperature, mask)
     ratio = torch.exp(fresh - torch.cat([o.detach() for o in old]).double())
     return {"sampler_trainer_gap": _masked_max(gap, mask), "ratio_is_one": _masked_max((ratio - 1).abs(), mask)}
 
@@ -118,7 +118,7 @@ def check_padding(model, trajs: list, tok, cfg: RLConfig, seams: Seams, batch: d
     pcfg = probe_config(cfg)
     wide = prepared(batch["ids"].shape[1] + PAD_EXTRA)
     with torch.no_grad():
-        base = forward_logp(model, wide["ids"])[0]
+        base = forward_logp(model, wide["ids"], wide["action_mask"] > 0, cfg.temperature)[0]
     old, ref = base + probe_offsets(base.shape, 1), base + probe_offsets(base.shape, 2)
 
     def loss(b, rows):
@@ -141,9 +141,11 @@ def check_gradient(model, mb: dict, cfg: RLConfig, seams: Seams) -> dict:
     trainer = copy.deepcopy(model)
     # the old log-probs as the update gets them, from the weights being trained (so a graph they should not carry
     # reaches the gradient as it would in training)
-    old = seams.old_log_probs([mb], pre_update_pass(trainer, [mb])[0])[0] + probe_offsets(mb["action_mask"].shape, 3)
+    old = seams.old_log_probs([mb], pre_update_pass(trainer, [mb], cfg.temperature)[0])[0] + \
+        probe_offsets(mb["action_mask"].shape, 3)
     with torch.no_grad():
-        ref = refs.log_probs(model, mb["ids"]).float() + probe_offsets(mb["action_mask"].shape, 4)
+        ref = refs.log_probs(model, mb["ids"], cfg.temperature, mb["action_mask"]).float() + \
+            probe_offsets(mb["action_mask"].shape, 4)
     (seams.backward or accumulate_backward)(trainer, mb, old, ref, pcfg)
     expected = copy.deepcopy(model)
     refs.minibatch_loss(expected, mb, old.detach(), ref, pcfg).backward()
@@ -169,17 +171,17 @@ def check_update(model, batch: dict, truth: torch.Tensor, cfg: RLConfig, seams: 
     live = copy.deepcopy(model)
     ref = seams.reference(live)
     with torch.no_grad():
-        before = refs.log_probs(live, batch["ids"])
+        before = refs.log_probs(live, batch["ids"], cfg.temperature, truth)
     rl_update(live, make_optimizer(live, cfg), batch, cfg, ref,
               replace(seams, old_log_probs=watched_old, minibatch_old_log_probs=watched_minibatch_old))
     frozen = max(_masked_max((u - initial[k % len(initial)]).abs(), m) for k, (m, u) in enumerate(used))
     with torch.no_grad():
-        after = refs.log_probs(live, batch["ids"])
+        after = refs.log_probs(live, batch["ids"], cfg.temperature, truth)
     adv = refs.group_advantages(batch["rewards"], batch["group"], cfg.adv_estimator, cfg.reward_scale)
     delta = ((after - before) * truth).sum(1) / truth.sum(1).clamp(min=1)
     direction = float(torch.corrcoef(torch.stack([delta, adv]))[0, 1]) if adv.abs().sum() > 0 else float("nan")
     return {"old_logp_frozen": frozen, "update_direction": direction,
-            "kl_to_reference": refs.kl_divergence(live, ref, batch["ids"], truth)}
+            "kl_to_reference": refs.kl_divergence(live, ref, batch["ids"], truth, cfg.temperature)}
 
 
 # ---------------------------------------------------------------- all nine
@@ -193,14 +195,15 @@ def sanity_checks(model, trajs: list, tok, cfg: RLConfig, seams: Seams = SEAMS) 
         b = prepare_batch(trajs, tok, cfg, seams, width)
         if sampler_temp != cfg.temperature:  # what a sampler at that temperature would have recorded
             with torch.no_grad():
-                b["sample_logp"] = refs.log_probs(model, b["ids"], sampler_temp).float() * b["action_mask"]
+                b["sample_logp"] = refs.log_probs(model, b["ids"], sampler_temp, b["action_mask"]).float() * \
+                    b["action_mask"]
         return b
 
     batch = prepared()
     truth = refs.policy_token_mask(trajs, batch["ids"].shape[1])
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
     steps = [(("mask_is_policy",), lambda: check_mask(batch, truth)),
-             (("sampler_trainer_gap", "ratio_is_one"), lambda: check_log_probs(model, batch, mbs, seams)),
+             (("sampler_trainer_gap", "ratio_is_one"), lambda: check_log_probs(model, batch, mbs, cfg, seams)),
              (("group_adv_mean",), lambda: check_advantages(batch, cfg)),
              (("padding_invariance",), lambda: check_padding(model, trajs, tok, cfg, seams, batch, prepared)),
              (("accumulation",), lambda: check_gradient(model, mbs[0], cfg, seams)),

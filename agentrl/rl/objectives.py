@@ -4,9 +4,9 @@ variants are named functions in a registry next to their formula (BASELINES, REW
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from agentrl.config import KL_KINDS, LOSS_MODES
+from agentrl.model.logprobs import entropy_from_logits, selected_log_probs  # noqa: F401  (formulas of the backends)
 
 
 def group_mean_baseline(r: torch.Tensor) -> torch.Tensor:
@@ -48,17 +48,6 @@ def compute_advantages(rewards: torch.Tensor, group: torch.Tensor, std_scale: bo
             a = a / (std(r, rewards) + eps)
         adv[rows] = a
     return adv
-
-
-def selected_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) per position: logits [B, L, V], targets [B, L] -> [B, L]."""
-    return F.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits) per position: [..., V] -> [...]."""
-    logp = F.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

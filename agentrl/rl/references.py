@@ -5,6 +5,8 @@ nothing in agentrl.rl.objectives or agentrl.rl.trainer: the policy-token mask fr
 recorded, advantages from the rewards by the formula, log-probs from a fresh full forward (no cache), the loss
 token by token. A bug in one of the trainer's functions therefore cannot move both sides of a check. Plain and
 slow on purpose (loops over groups, rows and tokens, float64 after the logits); only the invariants call it.
+Log-probs are derived only at the positions a check reads (the policy's tokens): a backend with a large
+vocabulary then never materialises [B, T, V] logits.
 """
 from __future__ import annotations
 
@@ -59,23 +61,42 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, estimator: str 
     return torch.tensor(out, dtype=torch.float64)
 
 
-def log_softmax_all(model, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(v | ids[:j+1]) for every position j < T-1 and every vocabulary entry v [B, T-1, V], float64, from
-    one full forward: the logits minus their log-sum-exp."""
-    z = model(ids)[:, :-1].double() / temperature
+def positions(ids: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+    """The positions j < T-1 (predicting ids[j+1]) to derive, as a [B, T] mask over the full forward's positions:
+    those `at` [B, T-1] marks (every one if None), never the last."""
+    B, T = ids.shape
+    out = torch.zeros(B, T, dtype=torch.bool)
+    out[:, :-1] = True if at is None else at > 0
+    return out
+
+
+def log_softmax_at(model, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0):
+    """log p(v | ids[:j+1]) for every vocabulary entry v at the positions j that `at` [B, T-1] marks (all if None)
+    [N, V], float64, from one full forward (the backend's plain `logits`): the logits minus their log-sum-exp."""
+    z = model.logits(ids, positions(ids, at)).double() / temperature
     return z - torch.logsumexp(z, dim=-1, keepdim=True)
 
 
-def log_probs(model, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(ids[j+1] | ids[:j+1]) [B, T-1], float64, from one full forward without a cache."""
-    return log_softmax_all(model, ids, temperature).gather(-1, ids[:, 1:, None]).squeeze(-1)
+def on_grid(values: torch.Tensor, ids: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+    """Values at the positions `at` marks [N] -> [B, T-1], zero elsewhere."""
+    B, T = ids.shape
+    out = values.new_zeros(B, T - 1)
+    out[positions(ids, at)[:, :-1]] = values
+    return out
+
+
+def log_probs(model, ids: torch.Tensor, temperature: float = 1.0, at: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(ids[j+1] | ids[:j+1]) [B, T-1], float64, from one full forward without a cache, at the positions `at`
+    [B, T-1] marks (every one if None; 0 elsewhere)."""
+    targets = ids[:, 1:][positions(ids, at)[:, :-1]]
+    return on_grid(log_softmax_at(model, ids, at, temperature).gather(-1, targets[:, None]).squeeze(-1), ids, at)
 
 
 @torch.no_grad()
-def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor) -> float:
+def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> float:
     """Mean over the masked positions of the exact KL(model || ref) = sum_v p(v) log(p(v) / q(v)) (no estimator)."""
-    lp, lq = log_softmax_all(model, ids), log_softmax_all(ref, ids)
-    kl = (lp.exp() * (lp - lq)).sum(-1)
+    lp, lq = log_softmax_at(model, ids, mask, temperature), log_softmax_at(ref, ids, mask, temperature)
+    kl = on_grid((lp.exp() * (lp - lq)).sum(-1), ids, mask)
     return float((kl * mask).sum() / max(float(mask.sum()), 1.0))
 
 
@@ -89,14 +110,16 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
         token_mean: all l / their count;  seq_mean_token_mean: mean over rows of (row's l sum / row's count);
         seq_mean_token_sum: mean over rows of the row's sum;  seq_mean_token_sum_norm: all l / (rows x
         cfg.loss_norm_len). A row or batch with no token counts 1 token. old and ref are read as constants."""
-    logz = log_softmax_all(model, mb["ids"])
     ids, mask, adv = mb["ids"], mb["action_mask"], mb["advantages"]
+    logz = log_softmax_at(model, ids, mask, cfg.temperature)
+    row = torch.full(mask.shape, -1, dtype=torch.long)     # [B, T-1] -> row of logz
+    row[mask > 0] = torch.arange(logz.shape[0])
     low, high = cfg.clip_range
     lo, hi = 1 - low, 1 + high
     row_sums, row_counts = [], []
     for i in range(ids.shape[0]):
         at = torch.nonzero(mask[i]).flatten().tolist()
-        lps = [logz[i, j, int(ids[i, j + 1])] for j in at]
+        lps = [logz[row[i, j], int(ids[i, j + 1])] for j in at]
         if cfg.ratio_level == "sequence" and at:   # one ratio s per row, exp(mean of lp - old), gradient s * grad lp
             log_s = min(sum(float(lp.detach()) - float(old_logp[i, j]) for lp, j in zip(lps, at)) / len(at), 10.0)
         terms = []
@@ -112,7 +135,7 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
             if cfg.clip_ratio_c is not None and a < 0:   # dual clip: at most c |A|
                 term = torch.minimum(term, torch.tensor(-a * cfg.clip_ratio_c, dtype=term.dtype))
             if cfg.entropy_coef:
-                entropy = -(logz[i, j].exp() * logz[i, j]).sum()
+                entropy = -(logz[row[i, j]].exp() * logz[row[i, j]]).sum()
                 term = term - cfg.entropy_coef * entropy
             if ref_logp is not None:
                 term = term + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_kind](lp - float(ref_logp[i, j]))

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from agentrl.env.gym import END_CALL
+from agentrl.env.formats import conversation
+from agentrl.model.packing import pad_rows
 
 OWNER = {"prompt": 0, "policy": 1, "env": 2}
 
@@ -38,27 +39,28 @@ class Trajectory:
 @torch.inference_mode()
 def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperature: float = 1.0,
                     max_call_tokens: int = 5) -> list[Trajectory]:
-    """Play every env to the end with one batched, KV-cached sampler. Rows advance turn by turn together: each
-    token is one forward over the rows still in their call, each round of environment replies one forward over
-    the rows that got one, and a row whose episode ended leaves the cache."""
-    ids = [tok.encode(env.reset()) for env in envs]
+    """Play every env to the end with the backend's batched, KV-cached sampler (model.sampler), in the conversation
+    format `tok` (an agentrl.env.formats format, or a word-level tokenizer: the gym's words). Rows advance turn by
+    turn together: each token is one forward over the rows still in their turn, each round of environment replies
+    one forward over the rows that got one, and a row whose episode ended leaves the cache."""
+    fmt = conversation(tok)
+    ids = [fmt.prompt(env) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
-    cache = model.new_cache()
-    alive = list(range(len(envs)))                     # the episode of each cache row
-    lengths = torch.zeros(len(envs), dtype=torch.long)  # tokens in each cache row
-    last_logits = _append(model, cache, ids, lengths, tok.pad_id)
+    sampler = model.sampler(fmt.pad_id)
+    alive = list(range(len(envs)))                     # the episode of each sampler row
+    last_logits = sampler.append(ids)
     while alive:
-        calls, call_logp = _sample_calls(model, cache, last_logits, lengths, generator, temperature,
-                                         max_call_tokens, tok.id(END_CALL), tok.pad_id)
+        calls, call_logp = _sample_calls(sampler, last_logits, generator, temperature, max_call_tokens,
+                                         fmt.stop_id, fmt.pad_id)
         replies, going = [], []
         for i, r in enumerate(alive):
             ids[r] += calls[i]
             owner[r] += [OWNER["policy"]] * len(calls[i])
             logp[r] += call_logp[i]
-            obs = envs[r].step([tok.vocab[t] for t in calls[i]])
+            obs = envs[r].step(fmt.action(calls[i]))
             if obs is not None:  # otherwise the episode ended on the policy's own last token
-                reply = tok.encode(obs)
+                reply = fmt.reply(obs, closed=calls[i][-1] == fmt.stop_id)
                 ids[r] += reply
                 owner[r] += [OWNER["env"]] * len(reply)
                 logp[r] += [0.0] * len(reply)
@@ -67,18 +69,17 @@ def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperat
         if not going:
             break
         if len(going) < len(alive):
-            rows = torch.tensor(going)
-            cache.keep(rows)
-            lengths, alive = lengths[rows], [alive[i] for i in going]
-        last_logits = _append(model, cache, replies, lengths, tok.pad_id)
+            sampler.keep(torch.tensor(going))
+            alive = [alive[i] for i in going]
+        last_logits = sampler.append(replies)
     return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
 
 
-def _sample_calls(model, cache, last_logits: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator,
-                  temperature: float, max_call_tokens: int, end_call: int, pad_id: int):
-    """Every cache row generates one call, token by token: one draw and one cached forward per token over the rows
-    still in their call. Updates last_logits and lengths in place; returns the calls' ids and the sampler's
-    log-probs, one list per row."""
+def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator, temperature: float,
+                  max_call_tokens: int, end_call: int, pad_id: int):
+    """Every sampler row generates one turn, token by token: one draw from softmax(logits / temperature) and one
+    cached forward per token over the rows still in their turn, until `end_call` or max_call_tokens. Updates
+    last_logits in place; returns the turns' ids and the sampler's log-probs, one list per row."""
     n = last_logits.shape[0]
     tokens = torch.full((n, max_call_tokens), pad_id, dtype=torch.long)
     token_logp = torch.zeros(n, max_call_tokens)
@@ -94,34 +95,12 @@ def _sample_calls(model, cache, last_logits: torch.Tensor, lengths: torch.Tensor
         token_logp[rows, k] = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
         step_ids = torch.full((n, 1), pad_id, dtype=torch.long)
         step_ids[rows, 0] = token
-        last_logits[rows] = model.forward_cached(step_ids, lengths[:, None], in_call[:, None], cache, last=True)
-        lengths += in_call
+        last_logits[rows] = sampler.step(step_ids, in_call)
         call_len += in_call
         in_call[rows] = token != end_call
     counts = call_len.tolist()
     return ([row[:c] for row, c in zip(tokens.tolist(), counts)],
             [row[:c] for row, c in zip(token_logp.tolist(), counts)])
-
-
-def _append(model, cache, chunks: list[list[int]], lengths: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Feed one non-empty chunk of tokens per cache row -> logits after each row's last token [B, V]."""
-    n = torch.tensor([len(c) for c in chunks])
-    L = int(n.max())
-    offs = torch.arange(L)[None]
-    pos = (lengths[:, None] + offs).clamp(max=model.cfg.max_len - 1)
-    logits = model.forward_cached(pad_rows(chunks, pad_id, L), pos, offs < n[:, None], cache, last=True)
-    lengths += n
-    return logits
-
-
-def pad_rows(rows: list[list], pad_value, width: int | None = None, dtype=torch.long) -> torch.Tensor:
-    """Right-pad lists to one width -> [B, width]."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    out = torch.full((len(rows), width), pad_value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
-    return out
 
 
 def collate(trajs: list[Trajectory], pad_id: int, width: int | None = None) -> dict:

@@ -98,10 +98,10 @@ def sft_step(model, optimizer, batch: dict, targets: torch.Tensor | None = None,
     weights [B, T-1] (default: the action mask) make it a weighted mean."""
     mask = batch["action_mask"] if weights is None else weights
     if targets is None:
-        logp, _ = forward_logp(model, batch["ids"])
+        logp, _ = forward_logp(model, batch["ids"], mask > 0)
         loss = -masked_mean(logp, mask)
     else:
-        logits = model(batch["ids"])[:, :-1]
+        logits = model.logits(batch["ids"])[:, :-1]
         ce = -(targets * torch.log_softmax(logits, dim=-1)).sum(-1)
         loss = masked_mean(ce, mask)
     optimizer.zero_grad(set_to_none=True)

@@ -28,9 +28,7 @@ from agentrl.config import ConfigError, Diverged, RLConfig
 from agentrl.env.gym import make_env_factory
 from agentrl.rl.curriculum import curriculum_row, task_weights
 from agentrl.rl.dashboard import batch_hash, dashboard_row
-from agentrl.rl.objectives import (aggregate_loss, compute_advantages, entropy_bonus, entropy_from_logits,
-                                   kl_penalty, masked_mean, policy_loss, selected_log_probs)
-from agentrl.model.packing import real_positions
+from agentrl.rl.objectives import aggregate_loss, compute_advantages, entropy_bonus, kl_penalty, masked_mean, policy_loss
 from agentrl.rl.rollout import Trajectory, collate, sample_step
 from agentrl.rl.schedule import schedule_row, scheduled, set_lr, step_config
 from agentrl.seeding import generator as stream_generator
@@ -127,31 +125,21 @@ def mb_view(batch: dict, sl) -> dict:
     return {k: (v[sl] if torch.is_tensor(v) and v.dim() >= 1 else v) for k, v in batch.items()}
 
 
-def forward_logp(model, ids: torch.Tensor):
-    """Trainer forward: ids [B, T] -> (log p(ids[1:]) [B, T-1], logits [B, T-1, V])."""
-    logits = model(ids)[:, :-1]
-    return selected_log_probs(logits, ids[:, 1:]), logits
+def forward_logp(model, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
+                 entropy: bool = False):
+    """Trainer forward through the policy backend: ids [B, T] -> (log p(ids[1:]) [B, T-1] under
+    softmax(logits / temperature), the entropy [B, T-1] if asked, else None). `at` [B, T-1]: the positions that
+    are read (the backend may compute only those)."""
+    return model.log_probs(ids, at=at, temperature=temperature, entropy=entropy)
 
 
 @torch.no_grad()
-def real_log_probs(model, batch: dict, entropy: bool = False):
-    """No-grad forward_logp from the real tokens only (model.forward_packed): log p(ids[1:]) [B, T-1] and, if
-    asked, the entropy [B, T-1], both bit-identical to the dense pass wherever the input token is real and 0 where
-    it is padding (no mask covers those: every log-ratio there is exp(logp - 0) <= 1)."""
-    ids = batch["ids"]
-    B, T = ids.shape
-    lengths = batch["attention_mask"].sum(1)
-    logits = model.forward_packed(ids, lengths)
-    inputs = real_positions(lengths, T)                # flat [B, T] positions of the computed logits
-    predicts = (inputs % T) < T - 1                    # ... that have a target in ids[1:]
-    at = inputs[predicts]
-    at = at - at // T                                  # the same positions in [B, T-1]
-    logits = logits[predicts]
-    logp = selected_log_probs(logits, ids[:, 1:].reshape(-1)[at])
-    out = logp.new_zeros(B * (T - 1)).index_put_((at,), logp).view(B, T - 1)
-    if not entropy:
-        return out
-    return out, logp.new_zeros(B * (T - 1)).index_put_((at,), entropy_from_logits(logits)).view(B, T - 1)
+def real_log_probs(model, batch: dict, entropy: bool = False, temperature: float = 1.0):
+    """No-grad forward_logp from the real tokens only (the backend's frozen_log_probs), needed at the batch's
+    action mask: log p(ids[1:]) [B, T-1] and, if asked, the entropy [B, T-1]."""
+    logp, ent = model.frozen_log_probs(batch["ids"], batch["attention_mask"].sum(1), at=batch["action_mask"] > 0,
+                                       temperature=temperature, entropy=entropy)
+    return (logp, ent) if entropy else logp
 
 
 # ---------------------------------------------------------------- the loss of one (micro)batch
@@ -159,11 +147,10 @@ def real_log_probs(model, batch: dict, entropy: bool = False):
 def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
     """Loss of one (micro)batch under its own aggregation, and its policy-loss stats."""
     mask = mb["action_mask"]
-    logp, logits = forward_logp(model, mb["ids"])
+    logp, entropy = forward_logp(model, mb["ids"], mask > 0, cfg.temperature, entropy=bool(cfg.entropy_coef))
     loss, stats = policy_loss(logp, old_logp, mb["advantages"], mask, cfg)
     if cfg.entropy_coef:
-        loss = loss + entropy_bonus(entropy_from_logits(logits), mask, cfg.entropy_coef, cfg.loss_mode,
-                                    cfg.loss_norm_len)
+        loss = loss + entropy_bonus(entropy, mask, cfg.entropy_coef, cfg.loss_mode, cfg.loss_norm_len)
     if ref_logp is not None:
         loss = loss + cfg.kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, cfg.kl_kind), mask, cfg.loss_mode,
                                                    cfg.loss_norm_len)
@@ -209,11 +196,11 @@ def whole_batch(mbs: list[dict]) -> dict:
     return {k: torch.cat([mb[k] for mb in mbs]) for k in ("ids", "attention_mask", "action_mask", "sample_logp")}
 
 
-def pre_update_pass(model, mbs: list[dict]):
+def pre_update_pass(model, mbs: list[dict], temperature: float = 1.0):
     """One no-grad pass over the whole batch's real tokens, with the weights that sampled it: log-probs per
-    minibatch, plus the step's entropy and sampler-trainer gap over policy tokens."""
+    minibatch, plus the step's entropy and sampler-trainer gap over policy tokens (at the sampling temperature)."""
     batch = whole_batch(mbs)
-    logp, entropy = real_log_probs(model, batch, entropy=True)
+    logp, entropy = real_log_probs(model, batch, entropy=True, temperature=temperature)
     mask = batch["action_mask"]
     gap = (logp - batch["sample_logp"]).abs()
     stats = {"entropy": float(masked_mean(entropy, mask)),
@@ -227,7 +214,7 @@ def ref_log_probs(ref, mb: dict, cfg: RLConfig):
     if ref is None or cfg.kl_coef <= 0:
         return None
     with torch.no_grad():
-        return forward_logp(ref, mb["ids"])[0]
+        return forward_logp(ref, mb["ids"], mb["action_mask"] > 0, cfg.temperature)[0]
 
 
 def frozen_ref_log_probs(model, ref, mbs: list[dict], cfg: RLConfig) -> list | None:
@@ -236,8 +223,9 @@ def frozen_ref_log_probs(model, ref, mbs: list[dict], cfg: RLConfig) -> list | N
     reference is the live policy itself: that one changes with every step, so it is read per minibatch."""
     if ref is None or cfg.kl_coef <= 0 or ref is model:
         return None
+    batch = whole_batch(mbs)
     with torch.no_grad():
-        logp = forward_logp(ref, whole_batch(mbs)["ids"])[0]
+        logp = forward_logp(ref, batch["ids"], batch["action_mask"] > 0, cfg.temperature)[0]
     return list(logp.split([mb["ids"].shape[0] for mb in mbs]))
 
 
@@ -255,9 +243,9 @@ def summarize_minibatches(per_mb: list[dict]) -> dict:
 def kl_to_ref(model, ref, batch: dict, cfg: RLConfig, ref_logp: torch.Tensor | None = None) -> float:
     """Mean per-token KL estimate (cfg.kl_kind) of the current policy to the reference on the batch's policy tokens
     (ref_logp: the reference's log-probs on this batch, if already computed)."""
-    logp = real_log_probs(model, batch)
+    logp = real_log_probs(model, batch, temperature=cfg.temperature)
     if ref_logp is None:
-        ref_logp = real_log_probs(ref, batch)
+        ref_logp = real_log_probs(ref, batch, temperature=cfg.temperature)
     return float(masked_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch["action_mask"]))
 
 
@@ -270,7 +258,7 @@ def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Sea
     batch, and stay frozen for every minibatch and epoch. Raises NonFiniteError on a non-finite loss or gradient
     norm, before that optimizer step. Returns per-update statistics."""
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
-    recomputed, stats = pre_update_pass(model, mbs)
+    recomputed, stats = pre_update_pass(model, mbs, cfg.temperature)
     old = seams.old_log_probs(mbs, recomputed)
     loss_cfg = seams.loss_config(cfg)
     frozen_ref = frozen_ref_log_probs(model, ref, mbs, loss_cfg)
@@ -338,9 +326,11 @@ class Hook:
 
 def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = SEAMS, hooks=(),
           generator: torch.Generator | None = None, optimizer=None, ref=None, history: list | None = None,
-          start_step: int = 0) -> list[dict]:
-    """GRPO for `steps` steps (continuing from start_step with the given optimizer/generator/history when
-    resuming). Returns the history: one dashboard row per step."""
+          start_step: int = 0, env_factory=None) -> list[dict]:
+    """GRPO for `steps` steps of the policy backend `model` (continuing from start_step with the given
+    optimizer/generator/history when resuming), in the conversation format `tok` (agentrl.env.formats; a word-level
+    tokenizer is the gym's words) on the environments `env_factory(task, generator)` makes (default: the gym's, per
+    cfg). Returns the history: one dashboard row per step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
     if not tasks:
@@ -350,7 +340,7 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = 
     if ref is None and cfg.kl_coef > 0:
         ref = seams.reference(model)
     state = TrainState(model, optimizer, generator, ref, history if history is not None else [], start_step)
-    env_factory = env_factory_for(cfg)
+    env_factory = env_factory or env_factory_for(cfg)
     temperature = seams.sampler_temperature(cfg)
     if start_step == 0:
         for hook in hooks:
