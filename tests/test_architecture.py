@@ -12,7 +12,8 @@ PKG = REPO / "agentrl"
 MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
-    ["agentrl.config", "agentrl.knobs", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
+    ["agentrl.config", "agentrl.knobs", "agentrl.seeding", "agentrl.artifacts", "agentrl.boundary",
+     "agentrl.strict_yaml", "agentrl"],
     ["agentrl.env"],
     ["agentrl.model"],
     ["agentrl.rl"],
