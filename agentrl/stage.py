@@ -55,7 +55,13 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
     generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). Returns on success;
     raises SystemExit with the boundary's exit code otherwise."""
-    code = guard(name, _run_stage, name, sections, inputs, body, numeric, params_path, only)
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only)
+
+
+def entry(name: str, fn, *args) -> None:
+    """fn(*args) inside the error boundary; on failure SystemExit with the boundary's exit code (for what a stage
+    script does before run_stage, e.g. finding its matrix instance)."""
+    code = guard(name, fn, *args)
     if code:
         sys.exit(code)
 

@@ -21,7 +21,7 @@ LAYERS = [
     ["agentrl.faults"],
     ["agentrl.tracking"],
     ["agentrl.report"],
-    ["agentrl.stage", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
+    ["agentrl.stage", "agentrl.instances", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
      "agentrl.sweep", "agentrl.cli", "agentrl.__main__"],
 ]
 
