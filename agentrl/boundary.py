@@ -76,7 +76,7 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
     elif isinstance(exc, UserError):
         outcome = EXIT_BAD_INPUT, one_line(str(exc)) or type(exc).__name__
     elif isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
-        where = exc.filename or "a file"
+        where = exc.filename or "its output"
         outcome = EXIT_FAILED, one_line(f"{name}: cannot write {where}: {exc.strerror}; {_OS_ADVICE[exc.errno]}")
     else:
         first = one_line(str(exc), 200)
@@ -146,6 +146,7 @@ def guard(name: str, fn, *args, **kwargs) -> int:
     try:
         with signals_as_exceptions():
             code = fn(*args, **kwargs)
+            sys.stdout.flush()   # output that cannot be written (a full disk under `> file`) fails here, not at exit
         return int(code or 0)
     except SystemExit as exc:   # argparse and friends already printed their line
         if exc.code is None or isinstance(exc.code, int):
@@ -158,10 +159,21 @@ def guard(name: str, fn, *args, **kwargs) -> int:
                   file=sys.stderr)
             return 0
         code, line = describe(exc, name)
+        if isinstance(exc, OSError) and exc.filename is None:
+            _drop_stdout()
         print(f"error: {line}", file=sys.stderr)
         return code
     finally:
         sys.stderr.flush()
+
+
+def _drop_stdout() -> None:
+    """After stdout could not be written, send what is still buffered to /dev/null, so the interpreter's exit does
+    not fail on it a second time with a traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def check_threads(threads: int) -> None:

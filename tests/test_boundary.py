@@ -26,8 +26,7 @@ def _client(uri):
     return MlflowClient(tracking_uri=uri)
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch, store_template):
+def _make_probe_project(tmp_path) -> Path:
     """A temp project: the real params.yaml, a dvc.yaml whose stage `probe` has one code file and one input."""
     root = tmp_path / "proj"
     (root / "stages").mkdir(parents=True)
@@ -38,6 +37,12 @@ def project(tmp_path, monkeypatch, store_template):
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
         "cmd": "python -m stages.probe", "deps": ["stages/probe.py", "data/in.json"], "params": ["select"],
         "outs": ["reports/probe.json"]}}}))
+    return root
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, store_template):
+    root = _make_probe_project(tmp_path)
     db = tmp_path / "mlflow.db"
     shutil.copy(store_template, db)
     monkeypatch.chdir(root)

@@ -128,7 +128,7 @@ def fetch_run(run_id: str | None) -> dict:
     db = _sqlite_path(uri)
     if db is not None and not db.is_file():
         return {"found": False, "error": f"store not found: {db}"}
-    probe(uri)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
+    probe(uri, write=False)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
     try:
         from agentrl.tracking.store import _client, _retry
         client = _client(uri)
