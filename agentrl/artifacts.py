@@ -62,19 +62,25 @@ def _clean(obj):
 
 def write_json(path, obj) -> None:
     """Deterministic JSON (sorted keys), written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
 
 
 def write_text(path, text: str) -> None:
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path, data: bytes) -> None:
+    """Atomically: the file is the old one or the new one, never a part; an interrupted write (a full disk, a
+    signal) leaves no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path):

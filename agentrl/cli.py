@@ -1,7 +1,8 @@
 """python -m agentrl {check, envcheck, bench, audit, replay, study, research, sweep, compare-reports, deps}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
-torch's thread count once, then works.
+torch's thread count once, then works, inside the error boundary (agentrl.boundary: exit 1 with a log file for an
+unexpected error, 130 on Ctrl-C, 143 on SIGTERM).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from agentrl.artifacts import policy_path
+from agentrl.boundary import check_threads, guard
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -44,6 +46,14 @@ def _nonneg_float(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    from agentrl.config import SEED_MAX
+    value = _int_at_least(0)(text)
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, {SEED_MAX}] (64 bits), got {value}")
+    return value
+
+
 def _thread_list(text: str) -> list[int]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
@@ -55,7 +65,7 @@ def _seed_list(text: str) -> list[int]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}")
-    return [_int_at_least(0)(p) for p in parts]
+    return [_seed(p) for p in parts]
 
 
 def _fault_name(text: str) -> str:
@@ -96,6 +106,7 @@ def numerics_mode(args) -> str:
 def set_threads(n: int) -> None:
     """Threads and the CPU numerics main() pinned, set once for the verb (agentrl.numerics.enter)."""
     from agentrl.numerics import enter
+    check_threads(n)
     enter(n, os.environ.get("AGENTRL_NUMERICS", "portable"))
 
 
@@ -144,18 +155,35 @@ def _rl_override(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"{key}: not a YAML value: {value!r}") from None
 
 
-def cmd_check(args) -> int:
-    from agentrl.config import RLConfig, UserError
+def check_config(args) -> tuple:
+    """(RLConfig, threads) of a check: params.yaml's rl section with preflight.kl_coef and run.seed/threads, as the
+    preflight stage reads them (library defaults where there is no params.yaml, e.g. a bare package copy), then
+    --seed, --threads, --kl-coef and --rl KEY=VALUE on top."""
+    from agentrl.config import RLConfig, load_params
     overrides = dict(args.rl or [])
     unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
     if unknown:
-        return fail(f"check: --rl {unknown[0]}: not an rl key here (--seed and --kl-coef set those)")
+        raise ValueError(f"check: --rl {unknown[0]}: not an rl key here (--seed and --kl-coef set those)")
+    if Path(args.params).is_file() or args.params != "params.yaml":
+        p = load_params(["run", "rl", "preflight"], args.params)
+        values, seed, threads, kl = p["rl"].to_dict(), p["run"].seed, p["run"].threads, p["preflight"].kl_coef
+    else:
+        values, seed, threads, kl = {}, 0, 2, 0.1
+    seed = seed if args.seed is None else args.seed
+    kl = kl if args.kl_coef is None else args.kl_coef
+    cfg = RLConfig(**{**values, **overrides, "seed": seed, "kl_coef": kl})
+    return cfg, (threads if args.threads is None else args.threads)
+
+
+def cmd_check(args) -> int:
+    from agentrl.config import UserError
     try:
-        cfg = RLConfig(kl_coef=args.kl_coef, seed=args.seed, **overrides)
+        cfg, threads = check_config(args)
         _model_path(args)
     except (UserError, ValueError) as exc:
         return fail(str(exc))
-    set_threads(args.threads)
+    overrides = dict(args.rl or [])
+    set_threads(threads)
     import json
 
     import agentrl
@@ -172,7 +200,7 @@ def cmd_check(args) -> int:
         model, source = load_model(args, tok)
     except UserError as exc:
         return fail(str(exc) + ("" if args.model or args.quick_base else MODEL_HINT))
-    batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(args.seed))
+    batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(cfg.seed))
     res = sanity_checks(model, batch, tok, cfg, seams)
     print(f"check: nine invariants on one {len(batch)}-episode batch from {source}"
           + (f", injected fault {args.bug}" if args.bug else "")
@@ -280,14 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     e = sub.add_parser("envcheck", help="weak expert vs random policy reward distributions")
     e.add_argument("--episodes", type=_int_at_least(1), default=200)
-    e.add_argument("--seed", type=_int_at_least(0), default=0)
+    e.add_argument("--seed", type=_seed, default=0)
     c = sub.add_parser("check", help="the nine trainer invariants; exit 1 on any failure (git bisect run)")
     c.add_argument("--model", help=f"policy checkpoint (default: {DEFAULT_MODEL})")
     c.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     c.add_argument("--bug", type=_fault_name, help="inject a registered fault to see it caught")
-    c.add_argument("--kl-coef", type=_nonneg_float, default=0.1)
-    c.add_argument("--seed", type=_int_at_least(0), default=0)
-    c.add_argument("--threads", type=_int_at_least(1), default=2)
+    c.add_argument("--params", default="params.yaml", help="params file: rl, run.seed/threads, preflight.kl_coef "
+                                                           "(the flags below override it)")
+    c.add_argument("--kl-coef", type=_nonneg_float, help="default: preflight.kl_coef")
+    c.add_argument("--seed", type=_seed, help="default: run.seed")
+    c.add_argument("--threads", type=_int_at_least(1), help="default: run.threads")
     c.add_argument("--rl", action="append", type=_rl_override, metavar="KEY=VALUE",
                    help="an RLConfig field for this check, e.g. loss_mode=seq_mean_token_sum_norm (repeatable)")
     c.add_argument("--json", action="store_true", help="also print the values as one JSON line")
@@ -335,12 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verb = next((a for a in argv if not a.startswith("-")), "")
+    return guard(f"agentrl {verb}".strip(), _main, argv)
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    from agentrl.numerics import NumericsError, pin
-    try:   # before any verb imports torch: the kernels are chosen when it loads
-        pin(numerics_mode(args))
-    except NumericsError as exc:
-        return fail(str(exc))
+    from agentrl.numerics import pin
+    pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
              "research": cmd_research, "sweep": cmd_sweep}

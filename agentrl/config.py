@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from agentrl import strict_yaml
 from agentrl.knobs import (ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob,  # noqa: F401
                            validate)
 from agentrl.numerics import NUMERICS_MODES
@@ -45,11 +46,16 @@ def _int(default, doc="", lo=None, **kw):
     return knob(default, int, doc, lo=lo, **kw)
 
 
+SEED_MAX = 2**64 - 1   # torch.Generator.manual_seed takes at most 64 bits
+SEED = {"lo": 0, "hi": SEED_MAX}
+CLIP = {"lo": 0.0, "hi": 1.0, "lo_open": True, "hi_open": True}   # a clip range below 1: ratio >= 1 - eps > 0
+
+
 # ---------------------------------------------------------------- the sections
 
 @dataclass(frozen=True)
 class RunConfig(Section):
-    seed: int = _int(0, "every random stream derives from it (agentrl.seeding)", lo=0)
+    seed: int = _int(0, "every random stream derives from it (agentrl.seeding)", **SEED)
     threads: int = _int(2, "torch.set_num_threads at every entry point, before any tensor work", lo=1)
     numerics: str = knob("portable", str, "CPU kernels: portable (AVX2-level, the same bits on every x86-64 machine"
                          " with AVX2) or native (the CPU's best; bits tied to the machine class)",
@@ -115,7 +121,7 @@ class RLConfig(Section):
     epochs: int = _int(1, "passes over the batch per step", lo=1)
     minibatches: int = _int(2, "optimizer steps per epoch", lo=1)
     microbatches: int = _int(1, "gradient accumulation inside a minibatch (token-weighted, exact)", lo=1)
-    clip_eps: float = knob(0.2, float, lo=0.0, lo_open=True)
+    clip_eps: float = knob(0.2, float, "the clip range on both sides (clip_eps_low/high override a side)", **CLIP)
     max_grad_norm: float = knob(1.0, float, lo=0.0, lo_open=True)
     temperature: float = knob(1.0, float, "sampling temperature", lo=0.0, lo_open=True)
     kl_coef: float = knob(0.0, float, "KL to the frozen starting policy (0 = no reference)", lo=0.0)
@@ -131,10 +137,10 @@ class RLConfig(Section):
     max_call_tokens: int = _int(5, "a call without </call> is cut off after this many tokens", lo=3)
     reward: str = knob("hidden", str, "hidden tests; 'public' is the reward-hacking control", choices=REWARDS)
     rename: bool = knob(True, bool, "randomize function names per episode")
-    seed: int = _int(0, "run.seed (not an rl key)", lo=0)
+    seed: int = _int(0, "run.seed (not an rl key)", **SEED)
     # research knobs (docs/research.md); at their defaults a run is bit-identical to plain GRPO above
-    clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", lo=0.0,
-                                      hi=1.0, lo_open=True, hi_open=True, nullable=True)
+    clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", **CLIP,
+                                      nullable=True)
     clip_eps_high: float | None = knob(None, float, "clip range above 1 (DAPO clip-higher, e.g. 0.28; null: clip_eps)",
                                        lo=0.0, lo_open=True, nullable=True)
     clip_ratio_c: float | None = knob(None, float, "dual clip: for A < 0 a token's loss is at most c * |A| (null: off)",
@@ -252,7 +258,7 @@ def arm_overrides(arm: str, spec: dict) -> tuple[dict, str]:
 class AblateConfig(Section):
     arms: dict = knob(ARMS, dict, "arm -> overrides: {rl.<key>: value, start: base|sft}; add one with dvc exp run "
                       "-S '+ablate.arms.<name>={rl.<key>: value}'", nonempty=True)
-    seeds: list = knob([0, 1, 2], list, item=int, lo=0, nonempty=True, unique=True)
+    seeds: list = knob([0, 1, 2], list, item=int, **SEED, nonempty=True, unique=True)
     steps: int = _int(30, lo=1)
     eval_per_task: int = _int(16, "on all 10 held-out tasks", lo=1)
     n_boot: int = _int(10000, lo=100)
@@ -290,7 +296,7 @@ class LengthConfig(Section):
     kl_coef: float = knob(0.05, float, "both runs: KL to their start (rl.kl_kind)", lo=0.0)
     tasks_per_step: int = _int(8, "both runs (as rl.tasks_per_step)", lo=1)
     seeds: list = knob([], list, "the length_pair study's seeds (empty: not in the default pipeline)", item=int,
-                       lo=0, unique=True)
+                       **SEED, unique=True)
 
 
 @dataclass(frozen=True)
@@ -343,10 +349,18 @@ def read_params_file(path: str | Path = "params.yaml") -> dict:
     if not path.is_file():
         raise ParamsError(f"{path}: file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ParamsError(f"{path}: not valid YAML ({first})") from None
+        raw = strict_yaml.load(path.read_text()) or {}
+    except strict_yaml.DuplicateKeyError as exc:
+        raise ParamsError(f"{path}: {exc}; keep one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ParamsError(f"{path}: not valid YAML ({where}{getattr(exc, 'problem', None) or type(exc).__name__})") \
+            from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ParamsError(f"{path}: unreadable ({type(exc).__name__}); it must be UTF-8 YAML text") from None
+    except ValueError as exc:   # e.g. an integer literal of more digits than Python converts
+        raise ParamsError(f"{path}: not valid YAML ({str(exc)[:120]})") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections")
     unknown = sorted(set(raw) - set(SECTIONS), key=str)

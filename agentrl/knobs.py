@@ -66,14 +66,15 @@ class Spec:
 
     def _scalar(self, kind) -> str:
         base = "an integer" if kind is int else "a finite number" if kind is float else "a string"
+        num = (lambda v: str(int(v))) if kind is int else (lambda v: f"{v:g}")   # a 64-bit bound stays exact
         bounds = []
         if self.lo is not None:
-            bounds.append(f"{'>' if self.lo_open else '>='} {self.lo:g}")
+            bounds.append(f"{'>' if self.lo_open else '>='} {num(self.lo)}")
         if self.hi is not None:
-            bounds.append(f"{'<' if self.hi_open else '<='} {self.hi:g}")
+            bounds.append(f"{'<' if self.hi_open else '<='} {num(self.hi)}")
         if len(bounds) == 2 and self.lo is not None and self.hi is not None:
             lb, rb = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-            return f"{base} in {lb}{self.lo:g}, {self.hi:g}{rb}"
+            return f"{base} in {lb}{num(self.lo)}, {num(self.hi)}{rb}"
         return base + (" " + " and ".join(bounds) if bounds else "")
 
     def coerce(self, value):

@@ -23,6 +23,8 @@ import platform
 import re
 import sys
 
+from agentrl.knobs import UserError
+
 NUMERICS_MODES = ("portable", "native")
 PORTABLE_ISA = "AVX2"
 # what `portable` forces, whatever the outside environment says (an outside value would otherwise decide bits)
@@ -40,7 +42,7 @@ NATIVE_KNOBS = tuple(PORTABLE_ENV) + ("MKL_CBWR",)
 REQUIRED_FLAGS = ("avx2", "fma")
 
 
-class NumericsError(RuntimeError):
+class NumericsError(UserError):
     """This machine or process cannot run the numerics asked for (one line, before any compute)."""
 
 

@@ -7,6 +7,9 @@
     3. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
     4. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
        diverged run) is again one line and exit code 2, and the run is marked FAILED
+
+All of it runs inside the error boundary (agentrl.boundary): an unexpected exception is one line and a log file
+(exit 1), Ctrl-C exits 130 and SIGTERM 143 with the run marked KILLED; on any failure SystemExit carries the code.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.boundary import check_threads, guard
 from agentrl.config import UserError, section_values
 
 
@@ -46,41 +50,39 @@ def read_keys(values: dict, keys: list[str]) -> dict:
     return out
 
 
-def fail(msg: str, code: int = 2):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)
-
-
 def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
               params_path: str = "params.yaml", only: dict | None = None) -> None:
     """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
-    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm)."""
+    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). Returns on success;
+    raises SystemExit with the boundary's exit code otherwise."""
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only)
+
+
+def entry(name: str, fn, *args) -> None:
+    """fn(*args) inside the error boundary; on failure SystemExit with the boundary's exit code (for what a stage
+    script does before run_stage, e.g. finding its matrix instance)."""
+    code = guard(name, fn, *args)
+    if code:
+        sys.exit(code)
+
+
+def _run_stage(name, sections, inputs, body, numeric, params_path, only) -> None:
     from agentrl.config import load_params
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
-    try:
-        params = load_params(wanted, params_path)
-        missing = [str(p) for p in inputs if not Path(p).exists()]
-        if missing:
-            raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
-    except UserError as exc:
-        fail(str(exc))
+    params = load_params(wanted, params_path)
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
     machine = None
     if numeric:  # CPU numerics and threads, once, before any tensor work (agentrl.numerics)
-        from agentrl.numerics import NumericsError, enter
-        try:
-            machine = enter(params["run"].threads, params["run"].numerics)
-        except NumericsError as exc:
-            fail(str(exc))
-    from agentrl.tracking.provenance import ProvenanceError
+        from agentrl.numerics import enter
+        check_threads(params["run"].threads)
+        machine = enter(params["run"].threads, params["run"].numerics)
     from agentrl.tracking.run import stage_run
     logged = {s: section_values(s, p) for s, p in params.items()}
     for section, keys in (only or {}).items():
         logged[section] = read_keys(logged[section], keys)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
-    try:
-        with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads,
-                       machine=machine) as run:
-            body(StageContext(name, params, run))
-    except (UserError, ProvenanceError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads, machine=machine) as run:
+        body(StageContext(name, params, run))

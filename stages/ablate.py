@@ -9,7 +9,8 @@ from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.ablation import arm_config, run_instance
 from agentrl.model.checkpoints import load_for, save_policy
 from agentrl.rl.guards import BundleGuard
-from agentrl.stage import run_stage
+from agentrl.instances import ablation_instance
+from agentrl.stage import entry, run_stage
 
 SECTIONS = ["model", "rl", "ablate"]
 # not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})
@@ -25,7 +26,9 @@ def declared_start(arm: str) -> str:
     return start if start in STARTS else "base"
 
 
-def main(arm: str, seed: int):
+def main(arm: str | None = None, seed: int | None = None):
+    """The instance named by --arm/--seed, else by $DVC_STAGE (dvc.yaml passes nothing through the shell)."""
+    arm, seed = ablation_instance(arm, seed)
     start = declared_start(arm)
 
     def body(ctx):
@@ -50,7 +53,7 @@ def main(arm: str, seed: int):
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--arm", required=True)
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--arm")
+    p.add_argument("--seed", type=int)
     a = p.parse_args()
-    main(a.arm, a.seed)
+    entry("ablate", main, a.arm, a.seed)

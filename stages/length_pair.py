@@ -9,14 +9,18 @@ from agentrl.env.tokenizer import load_tokenizer
 from agentrl.faults.length import length_pair_row
 from agentrl.model.checkpoints import load_for
 from agentrl.rl.guards import BundleGuard
-from agentrl.stage import run_stage
+from agentrl.instances import length_pair_instance
+from agentrl.stage import entry, run_stage
 
 SECTIONS = ["model", "rl", "length"]
 READS = {"run": ["threads", "numerics"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("length_start")]
 
 
-def main(seed: int):
+def main(seed: int | None = None):
+    """The instance named by --seed, else by $DVC_STAGE (dvc.yaml passes nothing through the shell)."""
+    seed = length_pair_instance(seed)
+
     def body(ctx):
         tok, split = load_tokenizer(), load_split()
         start, _ = load_for(policy_path("length_start"), tok, ctx.params["model"])
@@ -32,5 +36,5 @@ def main(seed: int):
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--seed", type=int, required=True)
-    main(p.parse_args().seed)
+    p.add_argument("--seed", type=int)
+    entry("length_pair", main, p.parse_args().seed)

@@ -33,6 +33,15 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def store_template(tmp_path_factory):
+    """A migrated, empty MLflow sqlite store to copy (creating one from scratch runs the DB migrations: slow)."""
+    from mlflow.tracking import MlflowClient
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db.as_posix()}").search_experiments()
+    return db
+
+
+@pytest.fixture(scope="session")
 def all_tasks():
     from agentrl.env.tasks import make_tasks
     return make_tasks("all")

@@ -12,7 +12,8 @@ PKG = REPO / "agentrl"
 MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
-    ["agentrl.config", "agentrl.knobs", "agentrl.numerics", "agentrl.seeding", "agentrl.artifacts", "agentrl"],
+    ["agentrl.config", "agentrl.knobs", "agentrl.numerics", "agentrl.seeding", "agentrl.artifacts", "agentrl.boundary",
+     "agentrl.strict_yaml", "agentrl"],
     ["agentrl.env", "agentrl.sandbox"],
     ["agentrl.tools"],
     ["agentrl.model"],
@@ -22,7 +23,7 @@ LAYERS = [
     ["agentrl.faults"],
     ["agentrl.tracking"],
     ["agentrl.report"],
-    ["agentrl.stage", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
+    ["agentrl.stage", "agentrl.instances", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
      "agentrl.sweep", "agentrl.cli", "agentrl.__main__"],
 ]
 

@@ -35,14 +35,6 @@ def _client(uri):
     return MlflowClient(tracking_uri=uri)
 
 
-@pytest.fixture(scope="session")
-def store_template(tmp_path_factory):
-    """A migrated, empty sqlite store to copy (creating one from scratch runs the DB migrations: slow)."""
-    db = tmp_path_factory.mktemp("template") / "mlflow.db"
-    _client(f"sqlite:///{db.as_posix()}").search_experiments()
-    return db
-
-
 def _make_project(root: Path) -> Path:
     """A minimal project: one stage in dvc.yaml whose code deps are two .py files, an input, params."""
     (root / "agentrl").mkdir(parents=True)

@@ -1,6 +1,7 @@
 """Figures (PNG, matplotlib Agg). Each function takes plain data and a path; nothing here computes numbers."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -10,10 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def _save(fig, path) -> None:
+    """Rendered in memory, then written atomically (an interrupted stage leaves the old figure, not half a PNG)."""
+    from agentrl.artifacts import write_bytes
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight",
+                metadata={"Software": None})
     plt.close(fig)
+    write_bytes(path, buffer.getvalue())
 
 
 def check_matrix(path, rows: list[str], checks: list[str], passed: list[list[bool]], expected_fail: list[set]) -> None:

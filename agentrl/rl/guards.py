@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from agentrl.config import Diverged, RLConfig
 from agentrl.backends.registry import from_description
+from agentrl.config import Diverged, RLConfig, UserError
 from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, TrainState, frozen_copy, make_optimizer, rl_update
 
 BATCH_KEYS = ("ids", "attention_mask", "owner", "action_mask", "sample_logp", "rewards", "group", "advantages")
@@ -108,10 +108,26 @@ class BundleGuard(Hook):
         raise Diverged(f"step {step}: training diverged: {reason}; stopped (replay bundle: {bundle})")
 
 
+BUNDLE_KEYS = ("threads", "cfg", "bug", "model_config", "model_state", "optim_state", "ref_state", "batch", "stats")
+
+
+def read_bundle(path) -> dict:
+    """A replay bundle, or one UserError line saying the file is not one."""
+    try:
+        b = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file: pickle, zip, truncated, a directory...
+        raise UserError(f"replay {path}: not a replay bundle ({type(exc).__name__}); pass a file a guard wrote "
+                        "(data/train/bundles/step_NNNN.pt, data/bundles/<stage>/)") from None
+    missing = [k for k in BUNDLE_KEYS if not isinstance(b, dict) or k not in b]
+    if missing:
+        raise UserError(f"replay {path}: not a replay bundle (no {missing[0]!r}); pass a file a guard wrote")
+    return b
+
+
 def replay_bundle(path, seams_for=lambda fault: SEAMS) -> tuple[dict, dict]:
     """Re-run a saved step's update from its saved state and batch, with the seams of the fault it ran under
     (`seams_for(name)`). Returns (recorded stats, replayed stats)."""
-    b = torch.load(path, map_location="cpu", weights_only=True)
+    b = read_bundle(path)
     torch.set_num_threads(int(b["threads"]))
     cfg = RLConfig(**b["cfg"])
     seams: Seams = seams_for(b["bug"])

@@ -19,7 +19,7 @@ class SweepError(UserError):
 @dataclass(frozen=True)
 class Instance:
     name: str                 # ablate@default-0
-    cmd: str                  # python -m stages.ablate --arm default --seed 0
+    cmd: str                  # python -m stages.ablate (the instance: $DVC_STAGE, set to name)
     inputs: tuple[str, ...]   # data deps (files or directories), shipped as bytes
     outs: tuple[str, ...]     # what the instance writes, installed where `dvc repro` would
     threads: int              # run.threads: the CPUs one instance occupies

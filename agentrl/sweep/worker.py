@@ -64,10 +64,11 @@ def _argv(cmd: str) -> list[str]:
     return argv
 
 
-def _env(record_dir: Path, sweep_id: str) -> dict:
+def _env(record_dir: Path, sweep_id: str, stage: str) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI", "DVC_ROOT") and not k.startswith("DVC_EXP")}
-    env.update(AGENTRL_TRACKING_DEFER=str(record_dir), AGENTRL_SWEEP=sweep_id, AGENTRL_PIPELINE_RUN=sweep_id)
+    env.update(AGENTRL_TRACKING_DEFER=str(record_dir), AGENTRL_SWEEP=sweep_id, AGENTRL_PIPELINE_RUN=sweep_id,
+               DVC_STAGE=stage)   # as DVC sets it: a matrix stage finds its instance by name (agentrl.instances)
     return env
 
 
@@ -135,7 +136,7 @@ def run_instance(spec: dict, *inputs: dict[str, bytes]) -> dict:
         for files in inputs:
             write_tree(work, files)
             shipped |= set(files)
-        proc = subprocess.run(_argv(spec["cmd"]), cwd=work, env=_env(work / RECORD, spec["sweep"]),
+        proc = subprocess.run(_argv(spec["cmd"]), cwd=work, env=_env(work / RECORD, spec["sweep"], spec["name"]),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                               preexec_fn=_die_with_parent)
         log = proc.stdout[-LOG_TAIL:]

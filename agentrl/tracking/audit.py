@@ -13,13 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.boundary import one_line
+from agentrl.knobs import UserError
 from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
 from agentrl.tracking.provenance import ProvenanceError, work_root
 from agentrl.tracking.run import record_path
 from agentrl.tracking.store import _sqlite_path, probe, tracking_uri
 
 
-class AuditError(ValueError):
+class AuditError(UserError):
     """`audit` could not answer: bad spec, missing file or key, or no stage produces the file."""
 
 
@@ -89,9 +91,18 @@ def producing_stage(file: str, root: Path) -> tuple[str, dict]:
 
 def dvc_status(stage: str, root: Path) -> list:
     """DVC's status of one stage: [] when current, else DVC's list of changes (as `dvc status <stage>` prints)."""
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
-    with Repo(str(root)) as repo:
-        return repo.status(targets=[stage]).get(stage, [])
+    try:
+        with Repo(str(root)) as repo:
+            return repo.status(targets=[stage]).get(stage, [])
+    except DvcException as exc:   # e.g. YAMLFileCorruptedError: a syntax error in params.yaml or dvc.yaml
+        cause = exc.__cause__
+        mark = getattr(cause, "problem_mark", None)
+        detail = (f"line {mark.line + 1}: {getattr(cause, 'problem', '')}" if mark is not None
+                  else one_line(str(cause or exc), 200))
+        raise AuditError(f"dvc status {stage}: {one_line(str(exc), 200)} ({detail}); fix the file and run again") \
+            from None
 
 
 def _reasons(changes: list) -> list[str]:
@@ -118,7 +129,7 @@ def fetch_run(run_id: str | None) -> dict:
     db = _sqlite_path(uri)
     if db is not None and not db.is_file():
         return {"found": False, "error": f"store not found: {db}"}
-    probe(uri)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
+    probe(uri, write=False)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
     try:
         from agentrl.tracking.store import _client, _retry
         client = _client(uri)
@@ -219,7 +230,7 @@ def main(spec: str, as_json: bool = False, root=None) -> int:
     try:
         result = audit(spec, root)
     except (AuditError, ProvenanceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, default=str) if as_json else format_audit(result))
     return 0 if result["status"] == "current" else 1

@@ -23,11 +23,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from agentrl.knobs import UserError
+
 FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs", "numerics")
 _DVC_TMP = (".dvc", "tmp", "exps")
 
 
-class ProvenanceError(ValueError):
+class ProvenanceError(UserError):
     """A missing or unreadable artifact, or a bad argument to the provenance layer."""
 
 

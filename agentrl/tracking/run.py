@@ -6,7 +6,8 @@ same stage whose process is gone as KILLED, opens the run (named by the stage an
 pipeline-run id so the runs of one `dvc repro` can be found together) and yields a `StageRun`. On a clean exit it
 writes the stage's provenance record, `reports/provenance/<stage>.json` (the run id, git commit, timestamps and
 wall time live there and in MLflow, never in the stage's outputs), logs it as an artifact and marks the run
-FINISHED; an exception marks it FAILED, Ctrl-C or SIGTERM KILLED.
+FINISHED; an exception marks it FAILED, Ctrl-C or SIGTERM KILLED, and a run that did not finish carries the one line
+the user read (tag `error`, shown as the run's description in `mlflow ui`).
 
 Deferred mode, for a stage run on a node that cannot reach the store (`python -m agentrl sweep`): with
 $AGENTRL_TRACKING_DEFER naming a directory, the run is recorded there instead (`Recorder`: the same calls, kept as
@@ -17,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from agentrl.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
 from agentrl.tracking.provenance import build_provenance, flatten_params, git_info, params_hash, project_root, \
     work_root
 from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE,
@@ -33,10 +34,6 @@ from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, M
 
 RECORD_DIR = Path("reports") / "provenance"
 DEFER_ENV = "AGENTRL_TRACKING_DEFER"
-
-
-class Terminated(BaseException):
-    """SIGTERM, turned into an exception so the run is closed as KILLED (like Ctrl-C)."""
 
 
 def record_path(stage: str, root: Path | str | None = None) -> Path:
@@ -215,21 +212,6 @@ def write_index(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_exception():
-    def handler(signum, frame):
-        raise Terminated(f"signal {signum}")
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads: int | None,
               experiment: str = DEFAULT_EXPERIMENT, machine: Mapping | None = None):
     """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc). `machine` is the
@@ -252,7 +234,7 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
     started = time.time()
     status, clean = "FAILED", False
     try:
-        with _sigterm_as_exception():
+        with signals_as_exceptions():   # SIGTERM closes the run KILLED, like Ctrl-C
             logged = {**record["params"], **({"run.threads": threads} if threads is not None else {})}
             items = [Param(_key(k), _value_text(v, MAX_PARAM_VALUE)) for k, v in sorted(logged.items())]
             for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
@@ -271,19 +253,42 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
             if handle.previous_runs:
                 handle.set_tags({"continues": " ".join(handle.previous_runs)})
             status, clean = "FINISHED", True
-    except (KeyboardInterrupt, Terminated):
+    except (KeyboardInterrupt, Terminated, GeneratorExit) as exc:
         status = "KILLED"
+        _explain(client, handle.run_id, exc, stage, "killed_reason")
         raise
     except SystemExit as exc:
         status = "FINISHED" if exc.code in (None, 0) else "FAILED"
         raise
+    except BaseException as exc:
+        _explain(client, handle.run_id, exc, stage, "error")
+        raise
     finally:
         try:
-            _retry(client.set_terminated, handle.run_id, status)
+            with signals_blocked():   # the status is written whole; a signal meanwhile is delivered after it
+                _retry(client.set_terminated, handle.run_id, status)
+                if clean:
+                    mark_finished()
         except Exception:
             if clean:
                 raise
             print(f"warning: could not mark MLflow run {handle.run_id} as {status}", file=sys.stderr)
+
+
+def _explain(client, run_id: str, exc: BaseException, stage: str, tag: str) -> None:
+    """Tag a run that did not finish with the line its process printed (best effort: the store may be the
+    problem)."""
+    with signals_blocked():   # a second Ctrl-C or SIGTERM (DVC and the terminal both send one) waits for the tag
+        line = describe(exc, stage)[1]
+        try:
+            _retry(client.log_batch, run_id, tags=[_tag(tag, line), _tag("mlflow.note.content", line)], tries=3)
+        except Exception:  # noqa: BLE001 - the failure itself is what the user must see
+            pass
+
+
+def _tag(key: str, value: str):
+    from mlflow.entities import RunTag
+    return RunTag(key, _value_text(value, MAX_TAG_VALUE))
 
 
 class Recorder:

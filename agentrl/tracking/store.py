@@ -6,8 +6,11 @@ under .dvc/tmp/exps/ points at the MAIN repository; treeverse/dvc#9879, #9918). 
 The experiment's artifact location is pinned to `<store dir>/mlartifacts`, so an experiment first created from a
 temporary copy never records a path that later disappears.
 
-`probe` checks the store before any work: an http store must accept a connection within a few seconds, a sqlite
-file must be a readable database; otherwise one line names the URI (no minutes of retries).
+`probe` checks the store before any work, each problem one line naming the store within seconds (no minutes of
+retries): an http store must accept a connection; a `file:` store is refused (MLflow 3 keeps it in maintenance mode
+and raises on it); a sqlite store must sit on a writable filesystem with free space, be a readable database, and not
+be held by another writer for more than LOCK_WAIT seconds (said so: a locked store is live, never to be moved aside).
+A store that fails later (the disk fills up mid-run) is one StoreError line from `_retry`.
 
 Concurrency. Parallel queue workers write the same sqlite file. Every store call goes through `_retry` (backoff with
 jitter on "database is locked" and friends), writes are batched, and a racing `create_experiment` falls back to
@@ -57,6 +60,8 @@ DEFAULT_EXPERIMENT = "agentrl"
 DEFAULT_URI = "sqlite:///mlflow.db"      # relative to the project root
 ARTIFACT_DIR = "mlartifacts"
 PROBE_TIMEOUT = 3.0
+LOCK_WAIT = 4.0            # seconds a store held by another writer is waited for before saying so
+MIN_FREE_BYTES = 1 << 20   # a store on a filesystem with less free space fails on its first write
 MAX_METRICS_PER_BATCH = 1000   # mlflow.utils.validation.MAX_METRICS_PER_BATCH / MAX_ENTITIES_PER_BATCH
 MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
 MAX_PARAM_VALUE = 6000
@@ -112,9 +117,35 @@ def artifact_location(uri: str | None = None, root: Path | str | None = None) ->
     return (base / ARTIFACT_DIR).resolve().as_uri()
 
 
-def probe(uri: str, timeout: float = PROBE_TIMEOUT) -> None:
-    """Raise StoreError (one line naming the URI) unless the store answers: an http(s) server must accept a TCP
-    connection within `timeout` seconds; an existing sqlite file must be a readable SQLite database."""
+def _write_problem(path: Path) -> str | None:
+    """Why a store at `path` (a file, or a directory it would be created in) cannot be written, or None."""
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        fs = os.statvfs(where)
+    except OSError:
+        return None
+    if fs.f_flag & os.ST_RDONLY:
+        return f"{where} is on a read-only filesystem"
+    if not os.access(where, os.W_OK):
+        return f"{where} is not writable by this user"
+    if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
+        return f"no space left on the filesystem of {where} ({fs.f_bavail * fs.f_frsize:,} bytes free)"
+    return None
+
+
+def _locked(exc: BaseException) -> bool:
+    return any(s in str(exc).lower() for s in ("locked", "busy"))
+
+
+def probe(uri: str, timeout: float = PROBE_TIMEOUT, write: bool = True) -> None:
+    """Raise StoreError (one line naming the URI) unless the store answers (see the module doc); `write=False` for a
+    reader (audit), which needs neither a writable disk nor the write lock."""
+    if uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        raise StoreError(f"MLflow tracking store {uri}: MLflow 3 refuses the file store (maintenance mode); use a "
+                         "database, e.g. MLFLOW_TRACKING_URI=sqlite:///mlflow.db (`mlflow migrate-filestore` moves "
+                         "existing runs), or set MLFLOW_ALLOW_FILE_STORE=true")
     if uri.startswith(("http://", "https://")):
         parsed = urlparse(uri)
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -125,17 +156,32 @@ def probe(uri: str, timeout: float = PROBE_TIMEOUT) -> None:
             raise StoreError(f"MLflow tracking store {uri} unreachable ({exc.strerror or type(exc).__name__}); "
                              "start the server or set MLFLOW_TRACKING_URI to a reachable store") from None
     db = _sqlite_path(uri)
-    if db is None or not db.exists():
+    if db is None:
+        return
+    problem = (_write_problem(db.parent) or (db.is_file() and not os.access(db, os.W_OK) and
+                                            f"{db} is not writable by this user")) if write else None
+    if problem:
+        raise StoreError(f"MLflow tracking store {db}: {problem}; point MLFLOW_TRACKING_URI at a store on a "
+                         "writable disk with free space (e.g. sqlite:////<dir>/mlflow.db)")
+    if not db.exists():
         return
     try:
-        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=timeout)
+        con = sqlite3.connect(db.as_uri() + ("" if write else "?mode=ro"), uri=True, timeout=LOCK_WAIT,
+                              isolation_level=None)
         try:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            if write:   # the write lock, as a stage will need it: a writer holding it longer is named, not waited on
+                con.execute("BEGIN IMMEDIATE")
+                con.execute("ROLLBACK")
         finally:
             con.close()
     except sqlite3.Error as exc:
-        raise StoreError(f"MLflow tracking store {db}: not a readable SQLite database ({exc}); move it aside or "
-                         "set MLFLOW_TRACKING_URI to another store") from None
+        if _locked(exc):
+            raise StoreError(f"MLflow tracking store {db}: locked by another process for more than {LOCK_WAIT:g} s "
+                             f"(a stage, `mlflow ui` or a sqlite shell holding a write); wait for it or stop it "
+                             f"(`fuser {db}` names it), then run again") from None
+        raise StoreError(f"MLflow tracking store {db}: not a readable SQLite database ({exc}); if no process uses "
+                         "it, move it aside, or set MLFLOW_TRACKING_URI to another store") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -176,6 +222,13 @@ def _rng() -> random.Random:
     return _RNG[pid]
 
 
+# permanent store failures a stage meets mid-run: one line naming the store instead of SQLAlchemy's traceback
+_FATAL = {"database or disk is full": "the disk is full: free space and run again",
+          "readonly database": "the store became read-only: make it writable and run again",
+          "unable to open database file": "the database file cannot be opened (deleted, moved or on a lost mount)",
+          "disk i/o error": "the disk reported an I/O error"}
+
+
 def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
     """Call fn, retrying on a locked/busy database (and, with init=True, on store-creation races) with jittered
     exponential backoff capped at RETRY_MAX_SLEEP seconds."""
@@ -183,6 +236,9 @@ def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - filtered below
+            fatal = next((why for s, why in _FATAL.items() if s in _exc_text(exc)), None)
+            if fatal:
+                raise StoreError(f"MLflow tracking store {configured_uri()}: {fatal}") from exc
             if attempt == tries - 1 or not _is_transient(exc, init):
                 raise
             delay = min(RETRY_MAX_SLEEP, 0.02 * 2 ** attempt) * (0.5 + 0.5 * _rng().random())

@@ -1,0 +1,130 @@
+"""A store that cannot serve a stage is one line naming it, within seconds: a `file:` URI (MLflow 3 refuses the
+file store), a store locked by another writer (waited for a bounded time, then named as locked: never "move it
+aside"), a read-only filesystem, a full disk (at the start, and mid-run)."""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.tracking import store
+from agentrl.tracking.store import StoreError, probe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_file_uri_is_refused_in_one_line_naming_the_way_out(monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    t0 = time.time()
+    with pytest.raises(StoreError) as err:
+        probe("file:///tmp/mlruns")
+    assert "file:///tmp/mlruns: MLflow 3 refuses the file store" in str(err.value) and "sqlite:///" in str(err.value)
+    assert "\n" not in str(err.value) and time.time() - t0 < 1
+
+
+def test_a_locked_store_is_named_as_locked_after_a_bounded_wait(tmp_path, store_template, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(store_template, db)
+    monkeypatch.setattr(store, "LOCK_WAIT", 0.5)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")   # another writer, mid-transaction
+    try:
+        t0 = time.time()
+        with pytest.raises(StoreError) as err:
+            probe(f"sqlite:///{db}")
+        assert 0.4 < time.time() - t0 < 3
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    msg = str(err.value)
+    assert "locked by another process for more than 0.5 s" in msg and "move it aside" not in msg
+    probe(f"sqlite:///{db}")      # released: fine again
+    probe(f"sqlite:///{db}", write=False)
+
+
+def test_a_reader_does_not_need_the_write_lock(tmp_path, store_template):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(store_template, db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        probe(f"sqlite:///{db}", write=False)   # audit reads while a stage writes
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_store_that_fails_mid_run_is_one_line():
+    def full():
+        raise sqlite3.OperationalError("database or disk is full")
+    with pytest.raises(StoreError) as err:
+        store._retry(full)
+    assert str(err.value).endswith("the disk is full: free space and run again") and "\n" not in str(err.value)
+
+
+STAGE = """
+import sys
+sys.path.insert(0, REPO)
+from agentrl.stage import run_stage
+run_stage("probe", ["select"], ["data/in.json"], lambda ctx: print("ran"), numeric=False)
+"""
+
+
+def _unshare_ok() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt 2>/dev/null || "
+                           "mount -t tmpfs -o size=1m none \"$TMPDIR\""], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow   # a stage subprocess each, in a private mount namespace
+@pytest.mark.skipif(not _unshare_ok(), reason="needs `unshare -rm` to mount a small or read-only filesystem")
+@pytest.mark.parametrize("case", ["read-only", "full", "locked", "file-uri"])
+def test_a_stage_on_an_unusable_store_is_one_line_within_10_s(tmp_path, store_template, case):
+    from test_boundary import _make_probe_project
+    root = _make_probe_project(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    shutil.copy(store_template, tmp_path / "template.db")
+    uri = f"sqlite:///{mnt}/mlflow.db"
+    setup = f"mount -t tmpfs -o size=4m none {mnt} && cp {tmp_path}/template.db {mnt}/mlflow.db"
+    if case == "read-only":
+        setup += f" && mount -o remount,ro {mnt}"
+    elif case == "full":
+        setup += f" && (dd if=/dev/zero of={mnt}/filler bs=64k 2>/dev/null; true)"
+    elif case == "locked":   # a writer holding the store for 60 s
+        setup += (f" && ({sys.executable} -c \"import sqlite3,time; c=sqlite3.connect('{mnt}/mlflow.db', "
+                  f"isolation_level=None); c.execute('BEGIN IMMEDIATE'); open('{tmp_path}/held','w'); "
+                  f"time.sleep(20)\" >/dev/null 2>&1 &) && while [ ! -e {tmp_path}/held ]; do sleep 0.1; done")
+    elif case == "file-uri":
+        uri = f"file://{mnt}/mlruns"
+    (tmp_path / "stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
+    cmd = f"{setup} && MLFLOW_TRACKING_URI='{uri}' {sys.executable} {tmp_path}/stage.py"
+    t0 = time.time()
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], cwd=root, capture_output=True, text=True, timeout=120)
+    elapsed = time.time() - t0
+    lines = out.stderr.strip().splitlines()
+    expected = {"read-only": "read-only filesystem", "full": "no space left", "locked": "locked by another process",
+                "file-uri": "refuses the file store"}[case]
+    assert out.returncode == 2 and len(lines) == 1 and expected in lines[0], out.stderr[-3000:]
+    assert "move it aside" not in lines[0] and "ran" not in out.stdout
+    print(f"{case}: exit {out.returncode} in {elapsed:.1f} s: {lines[0]}")
+    assert elapsed < 10
+
+
+@pytest.mark.slow   # a CLI subprocess
+def test_output_to_a_full_disk_is_one_line_and_exit_1():
+    """`python -m agentrl <verb> > file` on a full disk (here /dev/full): one line, no exit-time traceback."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "agentrl", "envcheck", "--episodes", "1"], cwd=REPO, stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "error: agentrl envcheck: cannot write its output: No space left on device; free space on that filesystem "
+        "and run again"], out.stderr
