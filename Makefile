@@ -40,13 +40,13 @@ qwen3-tokenizer: $(QWEN3_TOKENIZER)/.fetched
 
 install: $(STAMP) $(QWEN3_TOKENIZER)/.fetched
 
-repro: $(STAMP)
+repro: install
 	$(BIN)/dvc repro
 
-test: $(STAMP)
+test: install
 	$(BIN)/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP)

@@ -42,6 +42,16 @@ def store_template(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Path:
+    """The real Qwen3 tokenizer files `make install` fetches (pinned, hash-checked): a test that needs them fails
+    without them instead of being skipped."""
+    path = REPO / "data" / "tokenizers" / "qwen3"
+    if not (path / ".fetched").is_file():
+        pytest.fail(f"{path}: the Qwen3 tokenizer is missing; `make install` fetches it")
+    return path
+
+
+@pytest.fixture(scope="session")
 def all_tasks():
     from agentrl.env.tasks import make_tasks
     return make_tasks("all")

@@ -12,8 +12,7 @@ from agentrl.env.toolcalls import MALFORMED, call_text, parse_tool_call
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
-needs_tokenizer = pytest.mark.skipif(not (TOKENIZER / ".fetched").is_file(),
-                                     reason="the Qwen3 tokenizer is fetched by `make install`")
+needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails, never skips, when it is missing
 
 
 @pytest.mark.parametrize("name, args, call", [
