@@ -22,22 +22,26 @@ def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
     opt = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(0)
     factory = env_factory_for(cfg)
-    sample_t, update_t, tokens = [], [], []
+    sample_t, update_t, tokens, sample_c, update_c = [], [], [], [], []
     for i in range(steps + 2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         kept, sampled = sample_step(model, factory, tasks, tok, cfg, gen)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         rl_update(model, opt, prepare_batch(kept, tok, cfg), cfg)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if i >= 2:
             sample_t.append(t1 - t0)
             update_t.append(t2 - t1)
+            sample_c.append(c1 - c0)    # CPU seconds of all threads: what a busy machine does not inflate
+            update_c.append(c2 - c1)
             tokens.append(sum(len(t.ids) for t in sampled))
     step = [a + b for a, b in zip(sample_t, update_t)]
     episodes = cfg.group_size * cfg.tasks_per_step
     return {"threads": threads, "sample_s": statistics.median(sample_t), "update_s": statistics.median(update_t),
             "step_s": statistics.median(step), "episodes_per_s": episodes / statistics.median(sample_t),
-            "tokens_per_step": statistics.median(tokens)}
+            "tokens_per_step": statistics.median(tokens), "sample_cpu_s": statistics.median(sample_c),
+            "update_cpu_s": statistics.median(update_c),
+            "step_cpu_s": statistics.median(a + b for a, b in zip(sample_c, update_c))}
 
 
 def full_recompute_episodes(model, envs: list, tok, generator, temperature: float = 1.0,
@@ -279,13 +283,16 @@ def compare_numerics(args) -> int:
     cpu = cpu_info()
     print(f"bench: numerics modes side by side on {cpu['vendor']} {cpu['model']}, {args.numerics_compare} "
           f"alternating rounds of {args.steps} steps per mode and thread count (median of the rounds' medians)")
+    keys = ("sample_s", "update_s", "step_s", "sample_cpu_s", "update_cpu_s", "step_cpu_s")
     for threads in args.threads:
-        med = {m: {k: statistics.median(r[str(threads)][k] for r in runs[m]) for k in ("sample_s", "update_s",
-                                                                                     "step_s")} for m in runs}
+        med = {m: {k: statistics.median(r[str(threads)][k] for r in runs[m]) for k in keys} for m in runs}
         for mode in ("native", "portable"):
-            print(f"  threads {threads} {mode:8s}: step {med[mode]['step_s']:.3f} s (sampling "
-                  f"{med[mode]['sample_s']:.3f} s, update {med[mode]['update_s']:.3f} s)")
-        ratio = {k: med["portable"][k] / med["native"][k] for k in med["native"]}
-        print(f"  threads {threads} portable / native: step x{ratio['step_s']:.2f}, sampling "
-              f"x{ratio['sample_s']:.2f}, update x{ratio['update_s']:.2f}")
+            m = med[mode]
+            print(f"  threads {threads} {mode:8s}: step {m['step_s']:.3f} s wall, {m['step_cpu_s']:.3f} s CPU "
+                  f"(sampling {m['sample_s']:.3f} / {m['sample_cpu_s']:.3f} s, update {m['update_s']:.3f} / "
+                  f"{m['update_cpu_s']:.3f} s)")
+        r = {k: med["portable"][k] / med["native"][k] for k in keys}
+        print(f"  threads {threads} portable / native: step x{r['step_s']:.2f} wall, x{r['step_cpu_s']:.2f} CPU; "
+              f"sampling x{r['sample_s']:.2f} / x{r['sample_cpu_s']:.2f}; update x{r['update_s']:.2f} / "
+              f"x{r['update_cpu_s']:.2f}")
     return 0
