@@ -312,7 +312,7 @@ class BehaviourConfig(Section):
     transcripts_per_family: int = _int(1, lo=0)
 
 
-LABS = ("menu",)          # the real-model labs (agentrl.labs; docs/labs.md)
+LABS = ("menu", "tools")        # the real-model labs (agentrl.labs; docs/labs.md)
 DEVICES = ("cpu", "cuda")
 
 

@@ -24,12 +24,17 @@ def main(name: str | None = None):
     name = lab_instance(name)
 
     def body(ctx):
-        from agentrl.labs.menu import run_menu_lab
-        from agentrl.labs.report import menu_report
+        from agentrl.labs.recipe import SPECS, run_lab
+        from agentrl.labs.report import menu_report, tools_report
+        from agentrl.labs.timing import SandboxShare
         out = DATA / "labs" / name
-        record = run_menu_lab(ctx.params, out, DATA / "models" / f"lab-{name}-qwen3")
+        share = SandboxShare()
+        record = run_lab(SPECS[name], ctx.params, out, DATA / "models" / f"lab-{name}-qwen3", hooks=[share],
+                         clock=share.clock)
         record["threads"] = ctx.threads
-        numbers, markdown = menu_report(record)
+        if name == "tools":
+            record["sandbox"] = share.summary()
+        numbers, markdown = (tools_report if name == "tools" else menu_report)(record)
         write_json(REPORTS / "labs" / f"{name}.json", numbers)
         write_text(REPORTS / "labs" / f"{name}.md", markdown)
         held = numbers["held_out"]

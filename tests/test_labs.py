@@ -82,7 +82,7 @@ def cloned_batch(chat, train_tasks, tmp_path_factory):
     from agentrl.config import RLConfig
     from agentrl.env.gym import make_env_factory
     from agentrl.labs.cloning import clone, expert_demos
-    from agentrl.labs.menu import probe_batch
+    from agentrl.labs.recipe import probe_batch
     model = make_small_qwen3(tmp_path_factory.mktemp("lab") / "m", torch.Generator().manual_seed(0), TOKENIZER)
     factory = make_env_factory(2, "hidden", True)
     g = torch.Generator().manual_seed(1)

@@ -53,3 +53,26 @@ def clone(model, demos: list[Trajectory], chat, steps: int, lr: float, batch_siz
     """`steps` Adam steps of cross-entropy on the demonstrations' policy tokens (batches drawn with the generator)."""
     model.train()
     return train_sft(model, demos, chat, steps, lr, batch_size, generator)
+
+
+def tools_expert_demo(env, chat) -> Trajectory:
+    """One episode of the generic-tools expert (agentrl.tools.expert: Read, Edit with whole lines, pytest, answer)
+    in the chat format: each call as a well-formed turn, the answer as a turn without a tool call."""
+    from agentrl.tools.expert import expert_calls
+    ids = chat.prompt(env)
+    owner = [OWNER["prompt"]] * len(ids)
+    for action in expert_calls(env.task, env.name):
+        if env.done:
+            break
+        if "answer" in action:
+            turn = chat.answer_ids(action["answer"])
+        else:
+            turn = chat.turn_ids(action["name"], action["arguments"])
+        ids += turn
+        owner += [OWNER["policy"]] * len(turn)
+        obs = env.step(chat.action(turn))
+        if obs is not None:
+            reply = chat.reply(obs, closed=True)
+            ids += reply
+            owner += [OWNER["env"]] * len(reply)
+    return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info)

@@ -123,3 +123,57 @@ def menu_report(record: dict) -> tuple[dict, str]:
           "## Preflight", "", *preflight_lines(record["preflight"]), "",
           "## Cost", "", *cost_lines(record), ""]
     return numbers, "\n".join(md)
+
+
+TOOLS_BEHAVIOUR = [("malformed calls", "malformed"), ("Write calls", "writes"), ("test runs", "test_runs"),
+                   ("share that answer (a turn without a tool call)", "answered"),
+                   ("share that Read first", "read_first"),
+                   ("final answers claiming success while the hidden tests fail", "false_success_claims"),
+                   ("turns", "turns"), ("action-token entropy (nats)", "entropy")]
+TOOLS_LABEL = HONEST_LABEL.replace("a scripted expert", "the generic-tools scripted expert (Read, Edit with whole "
+                                   "lines, pytest, answer)")
+
+
+def tools_tables(before: dict, after: dict) -> list[str]:
+    out = ["| failed calls per episode, by kind | before GRPO | after GRPO |", "|---|---|---|"]
+    out += [f"| {kind.replace('_', ' ')} | {fmt(before['failed_calls'][kind])} | {fmt(after['failed_calls'][kind])} |"
+            for kind in before["failed_calls"]]
+    out += ["", "| family (held-out) | before (passed/episodes) | after |", "|---|---|---|"]
+    out += [f"| {fam} | {b['c']}/{b['n']} | {after['per_family'][fam]['c']}/{after['per_family'][fam]['n']} |"
+            for fam, b in before["per_family"].items()]
+    return out
+
+
+def tools_report(record: dict) -> tuple[dict, str]:
+    """(numbers, markdown) of the tools lab's record."""
+    numbers, _ = menu_report(record)
+    held, training = numbers["held_out"], numbers["training"]
+    sandbox = record["sandbox"]
+    md = ["# Tools lab: generic coding tools on a Qwen3 backend through Qwen3's chat template", "",
+          "**" + TOOLS_LABEL.format(parameters=record["parameters"]) + "**", "",
+          f"Model: `{record['model_dir']}` ({record['parameters']:,} parameters, device {record['device']}), seed "
+          f"{record['seed']}. Cold start: {record['cold_start']['demos']} expert conversations (expert pass "
+          f"{record['cold_start']['demo_pass']:.2f}), cross-entropy {record['cold_start']['loss_first']:.2f} -> "
+          f"{record['cold_start']['loss_last']:.2f}. GRPO: {training['steps']} steps. Every test run, script and "
+          "final grade of model-written code ran in the sandbox (docs/sandbox.md).", "",
+          "## Held-out pass (hidden tests, graded in the sandbox)", "",
+          f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1.", "",
+          "| | pass rate [95% CI] |", "|---|---|",
+          f"| after cold start (before GRPO) | {interval(held['before'])} |",
+          f"| after GRPO | {interval(held['after'])} |",
+          f"| paired gain | {interval(held['gain'])} |", "",
+          *behaviour_table(record["before"], record["after"], TOOLS_BEHAVIOUR), "",
+          *tools_tables(record["before"], record["after"]), "",
+          "A final answer 'claims success' by a word heuristic (agentrl.tools.environment.claims_success).", "",
+          "## Training (GRPO steps)", "", "| column | value |", "|---|---|",
+          f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
+          f"| zero-advantage share | {fmt(training['zero_adv_share'])} |",
+          f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
+          f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
+          f"| sandbox share of a training step | {fmt(sandbox['share'])} ({sandbox['runs']} sandboxed steps, "
+          f"{sandbox['seconds']:.1f} s of {sandbox['step_seconds']:.1f} s) |", "",
+          "## Per-task counts (held-out)", "", *per_task_table(record["before"], record["after"]), "",
+          "## Preflight", "", *preflight_lines(record["preflight"]), "",
+          "## Cost", "", *cost_lines(record), ""]
+    numbers["sandbox"] = sandbox
+    return numbers, "\n".join(md)

@@ -1,4 +1,6 @@
-"""The menu lab: the project's recipe on a Qwen3 backend, the gym's four tools through Qwen3's chat template.
+"""A lab's recipe on a Qwen3 backend through Qwen3's chat template: the menu lab (the gym's four tools) and the tools
+lab (the generic coding tools of agentrl.tools, model-written code graded in the sandbox) differ only in their
+`LabSpec` (chat format, environment, scripted expert).
 
     model      lab.model (a user's Qwen3 directory) or a small random-init Qwen3 written here with save_pretrained
                and loaded back with from_pretrained (agentrl.backends.qwen3)
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ import torch
 from agentrl.env.gym import make_env_factory
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate
-from agentrl.labs.cloning import clone, expert_demos
+from agentrl.labs.cloning import clone, expert_demo, tools_expert_demo
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
 from agentrl.rl.rollout import sample_episodes
@@ -33,12 +35,31 @@ from agentrl.seeding import generator as stream_generator
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
 
+@dataclass(frozen=True)
+class LabSpec:
+    name: str
+    chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.labs.toolchat.Qwen3CodingChat
+    demo: object              # (env, chat) -> Trajectory of the scripted expert
+
+
+MENU = LabSpec("menu", "menu", expert_demo)
+TOOLS = LabSpec("tools", "tools", tools_expert_demo)
+SPECS = {"menu": MENU, "tools": TOOLS}
+
+
+def env_factory_for(spec: LabSpec, lab, clock):
+    if spec.chat == "tools":
+        from agentrl.labs.toolchat import make_chat_tools_env_factory
+        return make_chat_tools_env_factory(lab.max_turns, clock)
+    return make_env_factory(lab.max_turns, "hidden", True)
+
+
 def peak_memory_mib() -> float:
     """Peak resident set of this process (ru_maxrss is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def load_policy(lab, seed: int, small_model_dir: Path):
+def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
     """(model, chat): lab.model if set, else the small Qwen3 made here (written, then loaded back)."""
     from agentrl.backends.qwen3 import check_model_dir, load_qwen3, load_tokenizer, make_small_qwen3
     from agentrl.env.chat import Qwen3ToolChat
@@ -49,6 +70,8 @@ def load_policy(lab, seed: int, small_model_dir: Path):
         model_dir = small_model_dir
         model = make_small_qwen3(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
                                  hidden=lab.hidden, layers=lab.layers)
+    if spec.chat == "tools":
+        from agentrl.labs.toolchat import Qwen3CodingChat as Qwen3ToolChat   # noqa: F811
     return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
 
 
@@ -65,9 +88,31 @@ def held_out(model, tasks, chat, lab, cfg, env_factory, seed: int, label: str) -
     res = evaluate(model, tasks, chat, lab.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
                    env_factory=env_factory, batch_episodes=lab.eval_batch)
     beh = behavior_stats(res["trajs"])
-    return {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
-            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
-            "entropy": action_entropy(model, res["trajs"], chat)}
+    out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
+           "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
+           "entropy": action_entropy(model, res["trajs"], chat)}
+    if all("failed" in t.info for t in res["trajs"]):
+        out.update(tools_behaviour(res["trajs"]))
+    return out
+
+
+def tools_behaviour(trajs: list) -> dict:
+    """Per episode of the generic-tools lab: failed calls by kind, Write calls, test runs, final answers that claim
+    success while the hidden tests fail, reads first; and the hidden-test outcome per family."""
+    n = len(trajs)
+    kinds = trajs[0].info["failed"]
+    families: dict = {}
+    for t in trajs:
+        fam = families.setdefault(t.info["family"], {"n": 0, "c": 0})
+        fam["n"] += 1
+        fam["c"] += int(t.reward > 0)
+    return {"failed_calls": {k: sum(t.info["failed"][k] for t in trajs) / n for k in kinds},
+            "writes": sum(t.info["writes"] for t in trajs) / n,
+            "test_runs": sum(t.info["test_runs"] for t in trajs) / n,
+            "answered": sum(t.info["answered"] for t in trajs) / n,
+            "false_success_claims": sum(t.info["false_success_claim"] for t in trajs) / n,
+            "read_first": sum(bool(t.info["calls"]) and t.info["calls"][0] == "Read" for t in trajs) / n,
+            "per_family": dict(sorted(families.items()))}
 
 
 def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator) -> tuple[list, str]:
@@ -94,7 +139,8 @@ def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
             "rewards": rewards}
 
 
-def run_menu_lab(params: dict, out_dir: Path, small_model_dir: Path, log=print) -> dict:
+def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
+            clock=None) -> dict:
     """The whole lab -> the report's record; writes checkpoints under out_dir and, when lab.model is null, the
     small Qwen3 to small_model_dir."""
     lab, rl, seed = params["lab"], params["rl"], params["run"].seed
@@ -103,20 +149,20 @@ def run_menu_lab(params: dict, out_dir: Path, small_model_dir: Path, log=print) 
 
     def lap(name, t0):
         timings[name] = round(time.time() - t0, 1)
-        log(f"lab menu: {name} {timings[name]} s")
+        log(f"lab {spec.name}: {name} {timings[name]} s")
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
     try:
         t0 = time.time()
-        model, chat, model_dir = load_policy(lab, seed, small_model_dir)
+        model, chat, model_dir = load_policy(lab, seed, small_model_dir, spec)
         lap("load", t0)
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
-        env_factory = make_env_factory(lab.max_turns, "hidden", True)
+        env_factory = env_factory_for(spec, lab, clock)
         cfg = rl_config(rl, lab)
 
         t0 = time.time()
         g = stream_generator(seed, "lab", "cold_start")
-        demos = expert_demos(train_tasks, chat, env_factory, lab.demos_per_task, g)
+        demos = [spec.demo(env_factory(task, g), chat) for task in train_tasks for _ in range(lab.demos_per_task)]
         losses = clone(model, demos, chat, lab.clone_steps, lab.clone_lr, lab.clone_batch, g)
         lap("cold_start", t0)
         from agentrl.backends.qwen3 import save_qwen3
@@ -132,7 +178,7 @@ def run_menu_lab(params: dict, out_dir: Path, small_model_dir: Path, log=print) 
         t0 = time.time()
         model.train()
         history = train(model, train_tasks, chat, cfg, lab.steps, env_factory=env_factory,
-                        generator=stream_generator(seed, "lab", "grpo"))
+                        generator=stream_generator(seed, "lab", "grpo"), hooks=hooks)
         lap("grpo", t0)
         save_qwen3(model, out_dir / "final", chat.hash, tokenizer_dir=TOKENIZER_DIR)
         t0 = time.time()
