@@ -336,6 +336,7 @@ class LabConfig(Section):
     lr: float = knob(1e-3, float, "GRPO: Adam learning rate", lo=0.0, lo_open=True)
     microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1)
     new_tokens: int = _int(24, "new tokens per turn: a turn without <|im_end|> is cut off after this many", lo=3)
+    tools_new_tokens: int = _int(72, "the tools lab's new tokens per turn (an Edit call carries whole lines)", lo=3)
     max_turns: int = _int(6, "turns per episode", lo=1)
     eval_per_task: int = _int(4, "held-out episodes per task, before and after GRPO", lo=1)
     eval_batch: int = _int(40, "held-out episodes sampled together", lo=1)

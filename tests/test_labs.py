@@ -102,3 +102,42 @@ def test_the_fault_matrix_holds_on_the_small_qwen3_after_cold_start(cloned_batch
     assert out["failed"]["None"] == [], out["clean"]          # the nine invariants pass on the Qwen3 backend
     assert out["matches_expected"], (out["failed"], out["expected"])
     assert out["gate"] == "passed"
+
+
+@pytest.fixture(scope="module")
+def coding_chat():
+    from agentrl.backends.qwen3 import transformers
+    from agentrl.labs.toolchat import Qwen3CodingChat
+    return Qwen3CodingChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_a_coding_turn_is_a_call_a_final_answer_or_malformed(coding_chat):
+    """The start-up assertion held (fixture); a tool call is passed to the environment, a turn without one is the
+    final answer, and broken JSON or two calls are malformed (the environment's check refuses them)."""
+    from agentrl.labs.toolchat import MALFORMED_CALL
+    from agentrl.tools.schemas import check_call
+    ids = coding_chat.turn_ids("Read", {"file_path": "/repo/f.py"})
+    assert coding_chat.action(ids) == ("call", {"name": "Read", "arguments": {"file_path": "/repo/f.py"}})
+    assert coding_chat.action(coding_chat.answer_ids("Fixed it.")) == ("answer", "Fixed it.")
+    broken = coding_chat.encode('<tool_call>\n{"name": "Read", "arguments": {\n</tool_call>') + [coding_chat.stop_id]
+    two = ids[:-1] + ids
+    for turn in (broken, two):
+        kind, call = coding_chat.action(turn)
+        assert kind == "call" and call is MALFORMED_CALL
+        with pytest.raises(ValueError):
+            check_call(call)
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_chat, train_tasks):
+    from agentrl.labs.cloning import tools_expert_demo
+    from agentrl.labs.toolchat import SandboxClock, make_chat_tools_env_factory
+    clock = SandboxClock()
+    env = make_chat_tools_env_factory(6, clock)(train_tasks[0], torch.Generator().manual_seed(0))
+    demo = tools_expert_demo(env, coding_chat)
+    assert demo.reward == 1.0 and env.info["calls"] == ["Read", "Edit", "Bash"] and env.info["answered"]
+    assert env.info["test_runs"] == 1 and clock.runs == 2 and clock.seconds > 0   # pytest and the final grade
+    assert env.info["n_turns"] == 4 and env.info["submitted"]

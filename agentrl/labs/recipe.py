@@ -75,10 +75,10 @@ def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
     return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
 
 
-def rl_config(rl, lab):
+def rl_config(rl, lab, spec: LabSpec = MENU):
     """The project's GRPO config with the lab's knobs."""
     return replace(rl, lr=lab.lr, tasks_per_step=lab.tasks_per_step, group_size=lab.episodes_per_task,
-                   max_call_tokens=lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
+                   max_call_tokens=lab.tools_new_tokens if spec.chat == "tools" else lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
                    microbatches=lab.microbatches, max_turns=lab.max_turns)
 
 
@@ -158,7 +158,7 @@ def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, l
         lap("load", t0)
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
         env_factory = env_factory_for(spec, lab, clock)
-        cfg = rl_config(rl, lab)
+        cfg = rl_config(rl, lab, spec)
 
         t0 = time.time()
         g = stream_generator(seed, "lab", "cold_start")
