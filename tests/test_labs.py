@@ -141,3 +141,11 @@ def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_cha
     assert demo.reward == 1.0 and env.info["calls"] == ["Read", "Edit", "Bash"] and env.info["answered"]
     assert env.info["test_runs"] == 1 and clock.runs == 2 and clock.seconds > 0   # pytest and the final grade
     assert env.info["n_turns"] == 4 and env.info["submitted"]
+
+
+def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_path):
+    from agentrl.config import ConfigError, LabConfig
+    from agentrl.labs.recipe import load_policy
+    with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory") as err:
+        load_policy(LabConfig(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
+    assert "\n" not in str(err.value) and not (tmp_path / "unused").exists()
