@@ -20,6 +20,7 @@ import json
 import os
 import runpy
 import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -73,6 +74,10 @@ def ws(tmp_path_factory, store_template):
     for rel in ("data/preflight/gate.json", "data/ablate/.keep", "data/train/checkpoints/.keep"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text('{"gate": "passed"}\n')
+    shutil.copy(REPO / "dvc.lock", root / "dvc.lock")   # a DVC project, so audit gets past `dvc status`
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), "init", "--no-scm", "-q"], cwd=root, check=True)
+    for fixture, dest in (("reports_numbers.json", "snapshot.json"), ("reports_moved.json", "moved.json")):
+        shutil.copy(REPO / "tests" / "fixtures" / fixture, root / dest)
     pristine = root.parent / "pristine"
     shutil.copytree(root, pristine)
     return root, env, pristine
@@ -99,7 +104,7 @@ def files(root: Path) -> dict[str, bytes]:
 
 
 def restore(root: Path, pristine: Path) -> None:
-    for w in WATCHED + ("params.yaml",):
+    for w in WATCHED + ("params.yaml", "dvc.lock", "snapshot.json", "moved.json"):
         target = root / w
         shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
         (shutil.copytree if (pristine / w).is_dir() else shutil.copy)(pristine / w, target)
@@ -254,9 +259,10 @@ def damaged(draw, original: bytes):
         return original[:draw(st.integers(0, max(0, len(original) - 1)))]
     if how == "garbage":
         return draw(st.binary(min_size=1, max_size=200))
-    if how == "shape" or not original.lstrip().startswith((b"{", b"[")):
+    is_json = original.lstrip().startswith((b"{", b"["))
+    if how == "shape" or not (is_json or original.startswith(b"schema:")):   # dvc.lock: YAML
         return json.dumps(draw(JSON)).encode()
-    doc = json.loads(original)
+    doc = json.loads(original) if is_json else yaml.safe_load(original)
     path = draw(st.sampled_from([p for p in _paths(doc) if p]))
     parent = doc
     for part in path[:-1]:
@@ -265,7 +271,7 @@ def damaged(draw, original: bytes):
         parent.pop(path[-1]) if isinstance(parent, dict) else parent.pop(path[-1])
     else:
         parent[path[-1]] = draw(JSON)
-    return json.dumps(doc).encode()
+    return json.dumps(doc).encode() if is_json else yaml.safe_dump(doc).encode()
 
 
 FILES = [("select", "reports/train.json"), ("select", "reports/train_dashboard.json"),
@@ -295,6 +301,7 @@ def test_every_input_file_of_a_stage(ws, stage, rel):
 
 VERBS = [("audit", "reports/test.json", ["audit", "reports/test.json:chosen.pass_at_1"]),
          ("audit", "reports/provenance/test.json", ["audit", "reports/test.json:chosen.pass_at_1"]),
+         ("audit", "dvc.lock", ["audit", "reports/test.json:chosen.pass_at_1"]),
          ("replay", "data/models/base.pt", ["replay", "data/models/base.pt"]),
          ("compare-reports", "snapshot.json", ["compare-reports", "--snapshot", "snapshot.json"]),
          ("compare-reports", "moved.json", ["compare-reports", "--moved", "moved.json"]),
@@ -304,9 +311,6 @@ VERBS = [("audit", "reports/test.json", ["audit", "reports/test.json:chosen.pass
 @pytest.mark.parametrize("name,rel,argv", VERBS, ids=[f"{v}:{r}" for v, r, _ in VERBS])
 def test_every_input_file_of_a_verb(ws, name, rel, argv):
     root, env, pristine = ws
-    for fixture, dest in (("reports_numbers.json", "snapshot.json"), ("reports_moved.json", "moved.json")):
-        shutil.copy(REPO / "tests" / "fixtures" / fixture, pristine / dest)
-    shutil.copy(REPO / "dvc.lock", pristine / "dvc.lock")
     original = (pristine / rel).read_bytes()
     t0 = time.time()
     strategy = params_edit("preflight").map(lambda e: e[0].encode()) if rel == "params.yaml" else damaged(original)
