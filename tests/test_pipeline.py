@@ -39,7 +39,7 @@ NUMERIC = {"base", "length_start", "sft", "preflight", "train", "test", "behavio
 ALL_STAGES = NUMERIC | {"tasks", "select"}   # tasks and select do no tensor work, so no thread count
 
 
-def run(cmd, cwd, check=True, timeout=900, env=None):
+def run(cmd, cwd, check=True, timeout=2400, env=None):
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, shell=isinstance(cmd, str),
                          env=env or clone_env())
     if check and out.returncode != 0:
