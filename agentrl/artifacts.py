@@ -83,17 +83,84 @@ def write_bytes(path, data: bytes) -> None:
         raise
 
 
-def read_json(path):
+def read_json(path, shape=None):
+    """A JSON input, checked against `shape` (see `check_shape`) when given: a corrupted file or one of the wrong
+    shape is one StageError line naming the file, the place in it and what to do, before anything uses it."""
     path = Path(path)
     if not path.is_file():
         raise StageError(f"missing input {path}: run the stage that produces it (dvc repro)")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise StageError(f"{path}: corrupted JSON ({exc.msg} at line {exc.lineno}); re-run the stage that writes it") \
             from None
-    except UnicodeDecodeError:
-        raise StageError(f"{path}: not UTF-8 text; re-run the stage that writes it") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise StageError(f"{path}: not UTF-8 JSON text; re-run the stage that writes it") from None
+    if shape is not None:
+        problem = shape_problem(data, shape)
+        if problem:
+            raise StageError(f"{path}: {problem}; re-run the stage that writes it")
+    return data
+
+
+class Leaf:
+    """A shape leaf with a condition, e.g. Leaf(int, lambda v: v > 0, "an integer > 0")."""
+
+    def __init__(self, kind, test, text: str):
+        self.kind, self.test, self.text = kind, test, text
+
+
+COUNT = Leaf(int, lambda v: v >= 0, "an integer >= 0")
+POSITIVE = Leaf(int, lambda v: v > 0, "an integer > 0")
+NUMBER = Leaf(float, lambda v: True, "a number")
+RATE = (Leaf(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"), None)   # null: not measured
+
+
+def shape_problem(value, shape, where: str = "") -> str | None:
+    """Why `value` does not have `shape`, or None. A shape is a type (float takes ints too), a Leaf, a tuple of
+    alternatives (None in it allows null), a list [item shape] (non-empty), or a dict: {key: shape} requires the
+    key ("key?" when optional), {str: shape} is a mapping whose every value has that shape."""
+    here = where or "the top level"
+    if isinstance(shape, tuple):
+        if value is None and None in shape:
+            return None
+        problems = [shape_problem(value, s, where) for s in shape if s is not None]
+        return None if any(p is None for p in problems) else problems[0]
+    if isinstance(shape, list):
+        if not isinstance(value, list) or not value:
+            return f"{here}: expected a non-empty list, got {_short(value)}"
+        return next((p for i, v in enumerate(value) if (p := shape_problem(v, shape[0], f"{where}[{i}]"))), None)
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{here}: expected an object, got {_short(value)}"
+        if set(shape) == {str}:
+            return next((p for k, v in value.items() if (p := shape_problem(v, shape[str], _join(where, k)))), None)
+        for key, sub in shape.items():
+            name = key.rstrip("?")
+            if name not in value:
+                if key.endswith("?"):
+                    continue
+                return f"{_join(where, name)}: missing"
+            if (p := shape_problem(value[name], sub, _join(where, name))):
+                return p
+        return None
+    leaf = shape if isinstance(shape, Leaf) else Leaf(shape, lambda v: True, _TYPE_TEXT.get(shape, str(shape)))
+    ok_type = (isinstance(value, (int, float)) and math.isfinite(value) if leaf.kind is float
+               else isinstance(value, leaf.kind)) and not (isinstance(value, bool) and leaf.kind is not bool)
+    return None if ok_type and leaf.test(value) else f"{here}: expected {leaf.text}, got {_short(value)}"
+
+
+_TYPE_TEXT = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object",
+              list: "a list"}
+
+
+def _join(where: str, key) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def write_metrics(name: str, values: dict) -> None:

@@ -1,7 +1,7 @@
 """Stage behaviour: what the agent learned -- the starting policy and the chosen checkpoint re-evaluated on every
 held-out task from one stream: behaviour statistics, top tool sequences, first edit op per task, and one decoded
 failure transcript per bug family. The report renders reports/behaviour.json; it runs no model itself."""
-from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
+from agentrl.artifacts import (COUNT, CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
                                write_json, write_metrics)
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
@@ -12,12 +12,13 @@ from agentrl.stage import run_stage
 SECTIONS = ["tasks", "model", "rl", "behaviour"]
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
+SELECTION_SHAPE = {"chosen": {"step": COUNT, "checkpoint": str}}   # what the stage reads of it
 
 
 def body(ctx):
     bcfg = ctx.params["behaviour"]
     tok, split = load_tokenizer(), load_split()
-    chosen = read_json(REPORTS / "selection.json")["chosen"]
+    chosen = read_json(REPORTS / "selection.json", SELECTION_SHAPE)["chosen"]
     start, _ = load_for(policy_path("base"), tok, ctx.params["model"])
     model, _ = load_for(checkpoint_path(chosen["step"]), tok, ctx.params["model"])
     out = what_was_learned(start, model, split["heldout"], tok, ctx.params["rl"], bcfg.episodes_per_task,

@@ -1,7 +1,7 @@
 """Stage select: the checkpoint with the highest validation pass rate (ties to the earlier one), every checkpoint
 listed with its task-bootstrap 95% interval; with select.stop_* set, where each stopping rule would have stopped
 and what it would have cost (agentrl.eval.stopping; the choice stays the full run's)."""
-from agentrl.artifacts import REPORTS, read_json, write_json, write_metrics
+from agentrl.artifacts import COUNT, POSITIVE, RATE, REPORTS, read_json, write_json, write_metrics
 from agentrl.eval.selection import checkpoint_rows, choose
 from agentrl.eval.stopping import stopping_report
 from agentrl.seeding import stream_seed
@@ -10,14 +10,19 @@ from agentrl.stage import run_stage
 SECTIONS = ["run", "select"]
 READS = {"run": ["seed"]}   # bootstrap seeds; no tensor work, so no thread count
 INPUTS = [REPORTS / "train.json", REPORTS / "train_dashboard.json"]
+# what the stage reads of them (agentrl.artifacts.shape_problem): anything else is one line before any output
+TRAIN_SHAPE = {"checkpoints": [{"step": COUNT, "pass_rate": RATE[0], "per_task": {str: {"n": POSITIVE, "c": COUNT}}}]}
+DASHBOARD_SHAPE = [{"step": COUNT, "zero_adv_frac": RATE}]
 
 
 def body(ctx):
     cfg = ctx.params["select"]
-    rows = checkpoint_rows(read_json(REPORTS / "train.json")["checkpoints"], cfg.n_boot, cfg.alpha, ctx.seed)
+    checkpoints = read_json(REPORTS / "train.json", TRAIN_SHAPE)["checkpoints"]
+    dashboard = read_json(REPORTS / "train_dashboard.json", DASHBOARD_SHAPE)
+    rows = checkpoint_rows(checkpoints, cfg.n_boot, cfg.alpha, ctx.seed)
     chosen = choose(rows)
     out = {"alpha": cfg.alpha, "n_boot": cfg.n_boot, "checkpoints": rows, "chosen": chosen}
-    stopping = stopping_report(rows, read_json(REPORTS / "train_dashboard.json"), chosen, cfg,
+    stopping = stopping_report(rows, dashboard, chosen, cfg,
                                {r: stream_seed(ctx.seed, "select-stop", r) for r in ("patience", "zero_adv")})
     if stopping:  # rules off: selection.json is what it always was
         out["stopping"] = stopping

@@ -1,7 +1,7 @@
 """Stage test: the starting policy and the chosen checkpoint, once each, on the test tasks: per-task counts,
 pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference. When select
 reported stopping rules, the checkpoint each rule would have picked too, with its test cost against the chosen."""
-from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
+from agentrl.artifacts import (COUNT, CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
                                write_json, write_metrics)
 from agentrl.env.tasks import load_split
 from agentrl.env.tokenizer import load_tokenizer
@@ -14,12 +14,13 @@ from agentrl.stage import run_stage
 SECTIONS = ["model", "rl", "test"]
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}  # the episode rules and the sampler
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
+SELECTION_SHAPE = {"chosen": {"step": COUNT}, "stopping?": {str: {"chosen_step": COUNT}}}   # what the stage reads
 
 
 def body(ctx):
     cfg, rl = ctx.params["test"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    selection = read_json(REPORTS / "selection.json")
+    selection = read_json(REPORTS / "selection.json", SELECTION_SHAPE)
     step = selection["chosen"]["step"]
     models = {"start": load_for(policy_path("base"), tok, ctx.params["model"])[0],
               "chosen": load_for(checkpoint_path(step), tok, ctx.params["model"])[0]}

@@ -21,6 +21,7 @@ LAYERS = [
     ["agentrl.rl"],
     ["agentrl.eval"],
     ["agentrl.faults"],
+    ["agentrl.labs"],
     ["agentrl.tracking"],
     ["agentrl.report"],
     ["agentrl.stage", "agentrl.instances", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",

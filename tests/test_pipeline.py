@@ -39,7 +39,7 @@ NUMERIC = {"base", "length_start", "sft", "preflight", "train", "test", "behavio
 ALL_STAGES = NUMERIC | {"tasks", "select"}   # tasks and select do no tensor work, so no thread count
 
 
-def run(cmd, cwd, check=True, timeout=900, env=None):
+def run(cmd, cwd, check=True, timeout=2400, env=None):
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, shell=isinstance(cmd, str),
                          env=env or clone_env())
     if check and out.returncode != 0:
@@ -127,9 +127,15 @@ def test_each_stage_logs_exactly_one_mlflow_run_with_its_record(mini):
     assert any(k.startswith("input.") for k in tags)
     record = json.loads((repo / "reports" / "provenance" / "test.json").read_text())
     assert record["fingerprint"] == tags["fingerprint"] and record["mlflow"]["tracking_uri"] == "sqlite:///mlflow.db"
-    assert {a.path for a in client.list_artifacts(test_run.info.run_id)} >= {"test.json", "provenance"}
+    from agentrl.tracking.store import artifact_dir
+
+    def artifacts(r):   # the store records mlflow-artifacts:/ (mlflow ui serves ./mlartifacts), no absolute path
+        where = artifact_dir(r.info.artifact_uri, f"sqlite:///{repo}/mlflow.db")
+        assert where.is_relative_to(repo / "mlartifacts") and str(repo) not in r.info.artifact_uri
+        return {p.name for p in where.iterdir()}
+    assert artifacts(test_run) >= {"test.json", "provenance"}
     report_run = next(r for r in runs if r.info.run_name == "report")
-    arts = {a.path for a in client.list_artifacts(report_run.info.run_id)}
+    arts = artifacts(report_run)
     assert {"capstone.md", "capstone.json", "figures"} <= arts
     for name in ("test", "selection", "capstone"):   # outputs carry no run id, commit or absolute path
         text = (repo / "reports" / f"{name}.json").read_text()

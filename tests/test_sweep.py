@@ -205,7 +205,9 @@ def test_a_deferred_run_is_replayed_into_the_store(tmp_path, monkeypatch):
     assert [m.value for m in client.get_metric_history(run_id, "reward")] == [0.1, 0.2]
     assert got.data.tags["sweep"] == "sweep-x" and got.data.tags["ablate.arm"] == "default"
     assert got.data.tags["stage.instance"] == "demo" and "workdir" not in got.data.tags
-    assert {a.path for a in client.list_artifacts(run_id)} == {"out.txt", "provenance"}
+    from agentrl.tracking.store import artifact_dir
+    assert {p.name for p in artifact_dir(got.info.artifact_uri, f"sqlite:///{db.as_posix()}").iterdir()} == \
+        {"out.txt", "provenance"}
     record = json.loads((driver / "reports" / "provenance" / "demo.json").read_text())
     assert record["mlflow"]["run_id"] == run_id and record["fingerprint"] == got.data.tags["fingerprint"]
 

@@ -91,11 +91,12 @@ def test_default_store_is_relative_to_the_project_root(tmp_path, monkeypatch):
     assert store.configured_uri() == "sqlite:///mlflow.db"          # what provenance records: no absolute path
     assert prov.project_root() == root.resolve()
     assert store.tracking_uri() == f"sqlite:///{(root.resolve() / 'mlflow.db').as_posix()}"
-    assert store.artifact_location() == (root.resolve() / "mlartifacts").as_uri()
+    assert store.artifact_location() == "mlflow-artifacts:/"   # resolved where it is read: survives a move
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///other.db")    # relative: anchored at the root
     assert store.tracking_uri() == f"sqlite:///{(root.resolve() / 'other.db').as_posix()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert store.tracking_uri() == "http://127.0.0.1:5000"
+    assert store.artifact_location() == (root.resolve() / "mlartifacts").as_uri()
 
 
 def test_root_inside_dvc_experiment_tempdir_maps_to_main_repo(tmp_path, monkeypatch):
@@ -181,8 +182,10 @@ def test_stage_run_logs_one_run_and_writes_its_provenance_record(project, monkey
     record = json.loads((project.root / "reports/provenance/train.json").read_text())
     assert record["mlflow"]["run_id"] == r.info.run_id and record["fingerprint"] == run.fingerprint
     assert record["mlflow"]["tracking_uri"] == project.uri and record["wall_seconds"] >= 0
-    arts = {a.path for a in _client(project.uri).list_artifacts(r.info.run_id)}
-    assert {"out.txt", "provenance"} <= arts
+    where = store.artifact_dir(r.info.artifact_uri, project.uri)
+    assert r.info.artifact_uri == f"mlflow-artifacts:/{r.info.run_id}/artifacts"   # no absolute path in the store
+    assert where == project.store.parent / "mlartifacts" / r.info.run_id / "artifacts"
+    assert {p.name for p in where.iterdir()} >= {"out.txt", "provenance"}
 
 
 def test_failure_and_interrupt_close_the_run(project):
@@ -319,7 +322,7 @@ def test_ensure_store_is_idempotent(tmp_path, monkeypatch, store_template):
     uri = store.ensure_store(tmp_path)
     assert uri == f"sqlite:///{db.as_posix()}" and store.ensure_store(tmp_path) == uri
     exps = [e for e in _client(uri).search_experiments() if e.name == "agentrl"]
-    assert len(exps) == 1 and exps[0].artifact_location == (db.parent / "mlartifacts").as_uri()
+    assert len(exps) == 1 and exps[0].artifact_location == "mlflow-artifacts:/"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,20 +35,36 @@ class CheckpointHook(Hook):
     def _checkpoint(self, updates: int, state: TrainState) -> None:
         if updates % self.every and updates != self.steps:
             return
+        if any(v["step"] == updates for v in self.validation):
+            return   # resumed from this very checkpoint (a run restarted from step 0 starts there again)
         res = evaluate(state.model, self.tasks, self.tok, self.per_task, self.cfg.temperature,
                        stream_generator(self.seed, "validation"), self.cfg)
         self.validation.append({"step": updates, "pass_rate": res["pass_rate"], "per_task": res["per_task"]})
         if self.log_metric is not None:
             self.log_metric({"validation_pass": res["pass_rate"]}, updates)
-        save_checkpoint(state.model, checkpoint_path(updates), self.tok.hash, extra={
+        save_checkpoint(state.model, checkpoint_path(updates), self.tok.hash, extra=_unshared({
             "step": updates, "optimizer": state.optimizer.state_dict(), "generator": state.generator.get_state(),
-            "history": state.history, "validation": self.validation})
+            "history": state.history, "validation": self.validation}))
 
     def on_start(self, state: TrainState) -> None:
         self._checkpoint(0, state)
 
     def after_step(self, updates: int, state: TrainState) -> None:
         self._checkpoint(updates, state)
+
+
+def _unshared(obj):
+    """A copy in which no string or container is shared (tensors and numbers kept). Pickle writes an object met
+    twice as a reference to the first, so the same values held by a fresh run (where strings and rows share
+    objects) and by a run resumed from a checkpoint (whose loaded objects share differently) would be saved as
+    different bytes; copied like this they are saved the same."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+    if isinstance(obj, dict):
+        return {_unshared(k): _unshared(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unshared(v) for v in obj)
+    return obj
 
 
 def read_resume(key: str) -> dict:
@@ -72,6 +88,8 @@ def resume_point(key: str) -> dict | None:
     off mid-write is skipped and the one before it used."""
     if not read_resume(key):
         return None
+    for partial in CHECKPOINT_DIR.glob("*.tmp"):   # a checkpoint write the kill cut short: never an output
+        partial.unlink()
     for path in sorted(CHECKPOINT_DIR.glob("step_*.pt"), reverse=True):
         try:
             return read_checkpoint(path)

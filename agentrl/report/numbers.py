@@ -95,8 +95,10 @@ def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict
 
 
 def main(snapshot_path: str, reports_dir: str, moved_path: str | None) -> int:
-    snap = json.loads(Path(snapshot_path).read_text())
-    moved = json.loads(Path(moved_path).read_text())["rules"] if moved_path and Path(moved_path).is_file() else []
+    from agentrl.artifacts import read_json
+    snap = read_json(snapshot_path, {str: {str: (float, bool, None)}})
+    rule = ({"from": str, "to": str}, {"from": str, "removed": str})
+    moved = read_json(moved_path, {"rules": [rule]})["rules"] if moved_path and Path(moved_path).is_file() else []
     res = compare(snap, reports_dir, moved)
     total = sum(len(v) for v in snap.values())
     print(f"compare-reports: {total} numbers in {snapshot_path}: {res['equal']} equal in place, "

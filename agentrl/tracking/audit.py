@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.artifacts import shape_problem
 from agentrl.boundary import one_line
 from agentrl.knobs import UserError
 from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
@@ -82,9 +83,17 @@ def producing_stage(file: str, root: Path) -> tuple[str, dict]:
     lock_path = root / "dvc.lock"
     if not lock_path.is_file():
         raise AuditError(f"{lock_path}: not found; run `dvc repro` first")
-    stages = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {})
-    for name, entry in stages.items():
-        if any(o.get("path") == file for o in entry.get("outs", [])):
+    try:
+        lock = yaml.safe_load(lock_path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as exc:
+        raise AuditError(f"{lock_path}: not readable YAML ({one_line(str(exc), 120)}); restore it (git checkout "
+                         "dvc.lock) or run `dvc repro`") from None
+    problem = shape_problem(lock, {"stages": {str: {"outs?": [{"path": str}], "deps?": [{"path": str}],
+                                                    "params?": {str: dict}}}})
+    if problem:
+        raise AuditError(f"{lock_path}: {problem}; restore it (git checkout dvc.lock) or run `dvc repro`")
+    for name, entry in lock["stages"].items():
+        if any(o["path"] == file for o in entry.get("outs", [])):
             return name, entry
     raise AuditError(f"{file}: no stage in dvc.lock writes it")
 
@@ -150,8 +159,8 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
         raise AuditError(f"{file}: no such file under {root}")
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AuditError(f"{file}: not valid JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise AuditError(f"{file}: not valid JSON ({one_line(str(exc), 120)})") from None
     value = extract(data, dotted, file)
     stage, lock = producing_stage(file, root)
     deps = {d["path"]: d.get("md5") or d.get("hash") for d in lock.get("deps", [])}
@@ -162,7 +171,12 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
         params.update(values if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in values.items()})
     changes = dvc_status(stage, root)
     rec_file = record_path(stage, root)
-    record = json.loads(rec_file.read_text()) if rec_file.is_file() else None
+    try:
+        record = json.loads(rec_file.read_text()) if rec_file.is_file() else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        record = None   # unreadable: audited like a missing record (a warning says so)
+    if shape_problem(record, ({"mlflow": {"run_id": str}, "code_files?": list}, None)):
+        record = None
     run = fetch_run((record or {}).get("mlflow", {}).get("run_id"))
     warnings = []
     if record is None:

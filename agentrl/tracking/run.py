@@ -29,7 +29,8 @@ from agentrl.tracking.provenance import build_provenance, flatten_params, git_in
     work_root
 from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE,
                                     MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VALUE, _chunks, _client, _ensure_experiment,
-                                    _key, _metric_value, _retry, _value_text, artifact_location, configured_uri, probe,
+                                    _key, _metric_value, _retry, _value_text, artifact_location, configured_uri,
+                                    log_artifact, probe,
                                     tracking_uri)
 
 RECORD_DIR = Path("reports") / "provenance"
@@ -90,9 +91,10 @@ def pipeline_run_id() -> str:
 class StageRun:
     """Handle yielded by `stage_run`: the run id, the provenance content, and logging into the run."""
 
-    def __init__(self, client, run_id: str, record: dict):
+    def __init__(self, client, run_id: str, record: dict, artifact_uri: str | None = None, store_uri: str = ""):
         self._client = client
         self.run_id = run_id
+        self._artifacts = (artifact_uri, store_uri)   # where log_artifact puts files (tracking.store.log_artifact)
         self.record = record
         self.fingerprint = record["fingerprint"]
         self.previous_seconds = 0.0   # a resumed stage adds the wall time of the runs it continues
@@ -133,10 +135,8 @@ class StageRun:
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         """A file or directory of the stage's outputs, browsable in the MLflow UI."""
         path = Path(path)
-        if path.is_dir():
-            _retry(self._client.log_artifacts, self.run_id, str(path), artifact_path)
-        elif path.is_file():
-            _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
+        if path.exists():
+            log_artifact(self._client, self.run_id, *self._artifacts, path, artifact_path)
 
 
 def _run_tags(record: dict, git: dict, work: Path, root: Path) -> dict:
@@ -229,7 +229,7 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
         orphans = close_orphans(client, exp_id, stage)
     git = git_info(work)
     run = _retry(client.create_run, exp_id, run_name=stage, tags=_run_tags(record, git, work, root))
-    handle = StageRun(client, run.info.run_id, record)
+    handle = StageRun(client, run.info.run_id, record, getattr(run.info, "artifact_uri", None), uri)
     handle.previous_runs = orphans
     started = time.time()
     status, clean = "FAILED", False
@@ -305,7 +305,7 @@ class Recorder:
         from types import SimpleNamespace
         self.run.update(name=run_name, start_time=start_time or int(time.time() * 1000))
         self.run["tags"].update(tags)
-        return SimpleNamespace(info=SimpleNamespace(run_id=self.RUN_ID))
+        return SimpleNamespace(info=SimpleNamespace(run_id=self.RUN_ID, artifact_uri=None))
 
     def log_batch(self, run_id, metrics=(), params=(), tags=()):
         self.run["metrics"] += [[m.key, m.value, m.timestamp, m.step] for m in metrics]
@@ -366,8 +366,8 @@ def replay_run(directory: Path | str, tags: Mapping | None = None, root: Path | 
             path = record_path(record["stage"], root)
             _write_record(path, record)
             write_index(path.parent)
-            _retry(client.log_artifact, run_id, str(path), "provenance")
+            log_artifact(client, run_id, run.info.artifact_uri, uri, path, "provenance")
         else:
-            _retry(client.log_artifact, run_id, str(directory / "artifacts" / rel), artifact_path)
+            log_artifact(client, run_id, run.info.artifact_uri, uri, directory / "artifacts" / rel, artifact_path)
     _retry(client.set_terminated, run_id, kept["status"], end_time=kept.get("end_time"))
     return run_id

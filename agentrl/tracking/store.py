@@ -3,8 +3,10 @@
 Every stage logs into ONE store. Default: `sqlite:///mlflow.db` at the project root (a relative URI, resolved
 against the project root: `$DVC_ROOT` when DVC runs the stage, which for queued experiments executing in a copy
 under .dvc/tmp/exps/ points at the MAIN repository; treeverse/dvc#9879, #9918). `MLFLOW_TRACKING_URI` overrides.
-The experiment's artifact location is pinned to `<store dir>/mlartifacts`, so an experiment first created from a
-temporary copy never records a path that later disappears.
+Artifacts of a sqlite store live in `<store dir>/mlartifacts`, but the experiment records the location as
+`mlflow-artifacts:/` (the path `mlflow ui` serves from its `./mlartifacts`), never an absolute path: a moved or
+re-cloned checkout still shows them, and an experiment first created from a temporary copy records no path that
+later disappears. The stages copy their artifacts there themselves (`log_artifact`); other stores get a file URI.
 
 `probe` checks the store before any work, each problem one line naming the store within seconds (no minutes of
 retries): an http store must accept a connection; a `file:` store is refused (MLflow 3 keeps it in maintenance mode
@@ -108,13 +110,42 @@ def tracking_uri(root: Path | str | None = None) -> str:
     return uri
 
 
+PROXIED = "mlflow-artifacts:/"
+
+
 def artifact_location(uri: str | None = None, root: Path | str | None = None) -> str:
-    """file URI of the experiment artifact root: `mlartifacts/` beside the sqlite store, else `<root>/mlartifacts`."""
+    """The experiment's artifact root: `mlflow-artifacts:/` for a sqlite store (files in `mlartifacts/` beside it,
+    see the module doc), else the file URI of `<root>/mlartifacts`."""
     root = Path(root).resolve() if root is not None else project_root()
     uri = uri or tracking_uri(root)
+    if _sqlite_path(uri) is not None:
+        return PROXIED
+    return (root / ARTIFACT_DIR).resolve().as_uri()
+
+
+def artifact_dir(artifact_uri: str | None, uri: str) -> Path | None:
+    """The directory on disk of a run's `mlflow-artifacts:` URI in a sqlite store (None for other locations)."""
     db = _sqlite_path(uri)
-    base = db.parent if db is not None else root
-    return (base / ARTIFACT_DIR).resolve().as_uri()
+    if db is None or not (artifact_uri or "").startswith("mlflow-artifacts:"):
+        return None
+    return db.parent / ARTIFACT_DIR / urlparse(artifact_uri).path.lstrip("/")
+
+
+def log_artifact(client, run_id: str, artifact_uri: str | None, uri: str, path: Path,
+                 artifact_path: str | None = None) -> None:
+    """A file or directory into a run's artifacts: copied to `artifact_dir` when the store keeps them beside it,
+    else through the client."""
+    import shutil
+    path, dest = Path(path), artifact_dir(artifact_uri, uri)
+    if dest is None:
+        _retry(client.log_artifacts if path.is_dir() else client.log_artifact, run_id, str(path), artifact_path)
+        return
+    dest = dest / (artifact_path or "")
+    if path.is_dir():
+        shutil.copytree(path, dest, dirs_exist_ok=True)   # the directory's contents, as client.log_artifacts
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / path.name)
 
 
 def _write_problem(path: Path) -> str | None:

@@ -1,0 +1,195 @@
+"""A lab's recipe on a Qwen3 backend through Qwen3's chat template: the menu lab (the gym's four tools) and the tools
+lab (the generic coding tools of agentrl.tools, model-written code graded in the sandbox) differ only in their
+`LabSpec` (chat format, environment, scripted expert).
+
+    model      lab.model (a user's Qwen3 directory) or a small random-init Qwen3 written here with save_pretrained
+               and loaded back with from_pretrained (agentrl.backends.qwen3)
+    cold start behaviour cloning of the scripted expert's conversations (agentrl.labs.cloning)
+    preflight  the nine invariants on a first batch sampled from the cloned policy (agentrl.rl.invariants)
+    evaluate   held-out pass before GRPO (its own generator stream)
+    GRPO       agentrl.rl.trainer.train with the chat format and the gym's env factory
+    evaluate   held-out pass after, paired with before per task (agentrl.eval.stats)
+    report     agentrl.labs.report: reports/labs/menu.{json,md}
+
+Every tensor and the model live on lab.device; every random stream is a generator derived from run.seed.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from agentrl.env.gym import make_env_factory
+from agentrl.env.tasks import make_tasks
+from agentrl.eval.evaluation import action_entropy, evaluate
+from agentrl.labs.cloning import clone, expert_demo, tools_expert_demo
+from agentrl.rl.dashboard import behavior_stats
+from agentrl.rl.invariants import sanity_checks
+from agentrl.rl.rollout import sample_episodes
+from agentrl.rl.trainer import train
+from agentrl.seeding import generator as stream_generator
+
+TOKENIZER_DIR = Path("data/tokenizers/qwen3")
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    name: str
+    chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.labs.toolchat.Qwen3CodingChat
+    demo: object              # (env, chat) -> Trajectory of the scripted expert
+
+
+MENU = LabSpec("menu", "menu", expert_demo)
+TOOLS = LabSpec("tools", "tools", tools_expert_demo)
+SPECS = {"menu": MENU, "tools": TOOLS}
+
+
+def env_factory_for(spec: LabSpec, lab, clock):
+    if spec.chat == "tools":
+        from agentrl.labs.toolchat import make_chat_tools_env_factory
+        return make_chat_tools_env_factory(lab.max_turns, clock)
+    return make_env_factory(lab.max_turns, "hidden", True)
+
+
+def peak_memory_mib() -> float:
+    """Peak resident set of this process (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
+    """(model, chat): lab.model if set, else the small Qwen3 made here (written, then loaded back)."""
+    from agentrl.backends.qwen3 import check_model_dir, load_qwen3, load_tokenizer, make_small_qwen3
+    from agentrl.env.chat import Qwen3ToolChat
+    if lab.model:
+        model_dir = check_model_dir(lab.model)
+        model = load_qwen3(model_dir)
+    else:
+        model_dir = small_model_dir
+        model = make_small_qwen3(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
+                                 hidden=lab.hidden, layers=lab.layers)
+    if spec.chat == "tools":
+        from agentrl.labs.toolchat import Qwen3CodingChat as Qwen3ToolChat   # noqa: F811
+    return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
+
+
+def rl_config(rl, lab, spec: LabSpec = MENU):
+    """The project's GRPO config with the lab's knobs."""
+    return replace(rl, lr=lab.lr, tasks_per_step=lab.tasks_per_step, group_size=lab.episodes_per_task,
+                   max_call_tokens=lab.tools_new_tokens if spec.chat == "tools" else lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
+                   microbatches=lab.microbatches, max_turns=lab.max_turns)
+
+
+def held_out(model, tasks, chat, lab, cfg, env_factory, seed: int, label: str) -> dict:
+    """Held-out episodes (hidden-test reward) from the evaluation stream `label`, with their behaviour."""
+    model.eval()
+    res = evaluate(model, tasks, chat, lab.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
+                   env_factory=env_factory, batch_episodes=lab.eval_batch)
+    beh = behavior_stats(res["trajs"])
+    out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
+           "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
+           "entropy": action_entropy(model, res["trajs"], chat)}
+    if all("failed" in t.info for t in res["trajs"]):
+        out.update(tools_behaviour(res["trajs"]))
+    return out
+
+
+def tools_behaviour(trajs: list) -> dict:
+    """Per episode of the generic-tools lab: failed calls by kind, Write calls, test runs, final answers that claim
+    success while the hidden tests fail, reads first; and the hidden-test outcome per family."""
+    n = len(trajs)
+    kinds = trajs[0].info["failed"]
+    families: dict = {}
+    for t in trajs:
+        fam = families.setdefault(t.info["family"], {"n": 0, "c": 0})
+        fam["n"] += 1
+        fam["c"] += int(t.reward > 0)
+    return {"failed_calls": {k: sum(t.info["failed"][k] for t in trajs) / n for k in kinds},
+            "writes": sum(t.info["writes"] for t in trajs) / n,
+            "test_runs": sum(t.info["test_runs"] for t in trajs) / n,
+            "answered": sum(t.info["answered"] for t in trajs) / n,
+            "false_success_claims": sum(t.info["false_success_claim"] for t in trajs) / n,
+            "read_first": sum(bool(t.info["calls"]) and t.info["calls"][0] == "Read" for t in trajs) / n,
+            "per_family": dict(sorted(families.items()))}
+
+
+def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator) -> tuple[list, str]:
+    """A first batch of whole episodes sampled from the policy, two groups of cfg.group_size, and where its rewards
+    came from. Invariant 8 needs a reward signal: if every sampled episode got the same reward, the rewards are set
+    to alternate 1/0 within each group (the invariants test the trainer, not the environment)."""
+    envs = [env_factory(task, generator) for task in tasks[:2] for _ in range(cfg.group_size)]
+    trajs = sample_episodes(model, envs, chat, generator, cfg.temperature, cfg.max_call_tokens)
+    for i, t in enumerate(trajs):
+        t.group = i // cfg.group_size
+    if len({t.reward for t in trajs}) > 1:
+        return trajs, "sampled"
+    for i, t in enumerate(trajs):
+        t.reward = float(i % 2 == 0)
+    return trajs, "alternating 1/0 within each group (the sampled episodes all had the same reward)"
+
+
+def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
+    """The nine invariants on the probe batch."""
+    trajs, rewards = probe_batch(model, chat, tasks, cfg, env_factory, stream_generator(seed, "lab", "preflight"))
+    res = sanity_checks(model, trajs, chat, cfg)
+    return {"checks": {name: {"value": float(v), "passed": bool(p)} for name, (v, p) in res.items()},
+            "errors": res.errors, "passed": all(p for _, p in res.values()), "episodes": len(trajs),
+            "rewards": rewards}
+
+
+def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
+            clock=None) -> dict:
+    """The whole lab -> the report's record; writes checkpoints under out_dir and, when lab.model is null, the
+    small Qwen3 to small_model_dir."""
+    lab, rl, seed = params["lab"], params["rl"], params["run"].seed
+    start, cpu_start = time.time(), time.process_time()
+    timings = {}
+
+    def lap(name, t0):
+        timings[name] = round(time.time() - t0, 1)
+        log(f"lab {spec.name}: {name} {timings[name]} s")
+    previous_device = torch.get_default_device()
+    torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
+    try:
+        t0 = time.time()
+        model, chat, model_dir = load_policy(lab, seed, small_model_dir, spec)
+        lap("load", t0)
+        train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
+        env_factory = env_factory_for(spec, lab, clock)
+        cfg = rl_config(rl, lab, spec)
+
+        t0 = time.time()
+        g = stream_generator(seed, "lab", "cold_start")
+        demos = [spec.demo(env_factory(task, g), chat) for task in train_tasks for _ in range(lab.demos_per_task)]
+        losses = clone(model, demos, chat, lab.clone_steps, lab.clone_lr, lab.clone_batch, g)
+        lap("cold_start", t0)
+        from agentrl.backends.qwen3 import save_qwen3
+        save_qwen3(model, out_dir / "cold_start", chat.hash, tokenizer_dir=TOKENIZER_DIR)
+
+        t0 = time.time()
+        gate = preflight(model, chat, train_tasks, cfg, env_factory, seed)
+        lap("preflight", t0)
+        t0 = time.time()
+        before = held_out(model, heldout, chat, lab, cfg, env_factory, seed, "before")
+        lap("eval_before", t0)
+
+        t0 = time.time()
+        model.train()
+        history = train(model, train_tasks, chat, cfg, lab.steps, env_factory=env_factory,
+                        generator=stream_generator(seed, "lab", "grpo"), hooks=hooks)
+        lap("grpo", t0)
+        save_qwen3(model, out_dir / "final", chat.hash, tokenizer_dir=TOKENIZER_DIR)
+        t0 = time.time()
+        after = held_out(model, heldout, chat, lab, cfg, env_factory, seed, "after")
+        lap("eval_after", t0)
+    finally:
+        torch.set_default_device(previous_device)
+    return {"model_dir": model_dir, "backend": model.describe()["backend"], "parameters": model.num_params(),
+            "device": lab.device, "seed": seed,
+            "cold_start": {"demos": len(demos), "demo_pass": sum(d.reward for d in demos) / len(demos),
+                           "loss_first": losses[0], "loss_last": losses[-1]},
+            "preflight": gate, "before": before, "after": after, "history": history,
+            "timings_s": timings, "wall_s": round(time.time() - start, 1),
+            "cpu_s": round(time.process_time() - cpu_start, 1), "peak_memory_mib": round(peak_memory_mib(), 1)}

@@ -1,0 +1,54 @@
+"""Stage lab@<name>: a real-model lab (docs/labs.md) on the Qwen3 backend. Outside the default pipeline (lab.runs is
+empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly. Writes
+reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed)."""
+import argparse
+
+from agentrl.artifacts import DATA, REPORTS, write_json, write_text
+from agentrl.config import LABS, UserError, read_params_file
+from agentrl.instances import matrix_instance
+from agentrl.stage import entry, run_stage
+
+SECTIONS = ["rl", "lab"]
+
+
+def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:
+    runs = (read_params_file(params_path).get("lab") or {}).get("runs")
+    if not isinstance(runs, list):
+        raise UserError(f"{params_path}: lab.runs must be a list")
+    if name is not None and name not in LABS:
+        raise UserError(f"--lab: unknown value {name[:80]!r}; allowed: {', '.join(LABS)}")
+    return matrix_instance("lab", {"lab": runs}, {"lab": name}, params_path)["lab"]
+
+
+def main(name: str | None = None):
+    name = lab_instance(name)
+
+    def body(ctx):
+        from agentrl.labs.recipe import SPECS, run_lab
+        from agentrl.labs.report import menu_report, tools_report
+        from agentrl.labs.timing import SandboxShare
+        out = DATA / "labs" / name
+        share = SandboxShare()
+        record = run_lab(SPECS[name], ctx.params, out, DATA / "models" / f"lab-{name}-qwen3", hooks=[share],
+                         clock=share.clock)
+        record["threads"] = ctx.threads
+        if name == "tools":
+            record["sandbox"] = share.summary()
+        numbers, markdown = (tools_report if name == "tools" else menu_report)(record)
+        write_json(REPORTS / "labs" / f"{name}.json", numbers)
+        write_text(REPORTS / "labs" / f"{name}.md", markdown)
+        held = numbers["held_out"]
+        ctx.run.log_metrics({"heldout_before": held["before"]["mean"], "heldout_after": held["after"]["mean"],
+                             "heldout_gain": held["gain"]["mean"], "wall_s": record["wall_s"],
+                             "cpu_s": record["cpu_s"], "peak_memory_mib": record["peak_memory_mib"]})
+        print(f"lab {name}: held-out pass {held['before']['mean']:.3f} -> {held['after']['mean']:.3f} "
+              f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
+              f"in {record['wall_s']:.0f} s")
+
+    run_stage(f"lab@{name}", SECTIONS, [], body)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--lab")
+    entry("lab", main, p.parse_args().lab)

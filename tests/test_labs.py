@@ -1,0 +1,151 @@
+"""The real-model labs (agentrl.labs): the lab section is validated like every other; the scripted expert's
+conversation in Qwen3's template is what the policy would sample and read; and on the small Qwen3 after a cold start
+the preflight gate holds: the nine invariants pass and every registered fault fails its own invariants. The
+transformers tests are slow tier (a shortened config)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.config import ParamsError, load_section
+from agentrl.env.callers import call_tokens
+from agentrl.labs.cloning import call_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
+needs_tokenizer = pytest.mark.skipif(not (TOKENIZER / ".fetched").is_file(),
+                                     reason="the Qwen3 tokenizer is fetched by `make install`")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("device", "tpu", r"lab.device: unknown value 'tpu'; allowed: cpu, cuda"),
+    ("runs", ["menu", "chess"], r"lab.runs: .*allowed|lab.runs: expected"),
+    ("episodes_per_task", 1, r"lab.episodes_per_task: expected"),
+    ("new_tokens", 0, r"lab.new_tokens: expected"),
+    ("colour", 1, r"lab.colour: unknown key; allowed: runs, model, device"),
+])
+def test_a_bad_lab_value_is_one_line_naming_it(key, value, message):
+    with pytest.raises(ParamsError, match=message) as err:
+        load_section("lab", {"lab": {key: value}})
+    assert "\n" not in str(err.value)
+
+
+def test_the_lab_is_outside_the_default_pipeline(repo_root):
+    from agentrl.config import read_params_file
+    assert read_params_file(repo_root / "params.yaml")["lab"]["runs"] == []
+
+
+@pytest.mark.parametrize("call, expected", [(call_tokens("read"), ("read", {})),
+                                            (call_tokens("edit", "fix_range"), ("edit", {"op": "fix_range"}))])
+def test_the_gyms_call_words_become_tool_call_arguments(call, expected):
+    assert call_arguments(call) == expected
+
+
+@pytest.fixture(scope="module")
+def chat():
+    from agentrl.backends.qwen3 import transformers
+    from agentrl.env.chat import Qwen3ToolChat
+    return Qwen3ToolChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_tasks):
+    """The demo's policy turns parse back to the expert's calls, the episode passes, and prompt + first turn are
+    exactly the template's tokenized rendering of that conversation."""
+    from agentrl.env.gym import make_env_factory
+    from agentrl.labs.cloning import expert_demo
+    from agentrl.rl.rollout import OWNER
+    env = make_env_factory(6, "hidden", True)(train_tasks[0], torch.Generator().manual_seed(0))
+    demo = expert_demo(env, chat)
+    assert demo.reward == 1.0 and env.info["tools"][0] == "read" and env.info["submitted"]
+    turns, current = [], []
+    for tid, owner in zip(demo.ids, demo.owner):
+        if owner == OWNER["policy"]:
+            current.append(tid)
+            if tid == chat.stop_id:
+                turns.append(current)
+                current = []
+    assert [chat.action(t)[1] for t in turns] == ["read", "edit", "test", "submit"]
+    user = chat.user_message(env.name)
+    assistant = {"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": {"name": "read", "arguments": {}}}]}
+    rendered = chat.encode(chat.render([user, assistant], generation_prompt=False))
+    first = demo.owner.index(OWNER["env"])
+    assert demo.ids[:first] == rendered[:first]
+
+
+@pytest.fixture(scope="module")
+def cloned_batch(chat, train_tasks, tmp_path_factory):
+    """The small Qwen3 after a short cold start, and a first batch of two groups sampled from it."""
+    from agentrl.backends.qwen3 import make_small_qwen3
+    from agentrl.config import RLConfig
+    from agentrl.env.gym import make_env_factory
+    from agentrl.labs.cloning import clone, expert_demos
+    from agentrl.labs.recipe import probe_batch
+    model = make_small_qwen3(tmp_path_factory.mktemp("lab") / "m", torch.Generator().manual_seed(0), TOKENIZER)
+    factory = make_env_factory(2, "hidden", True)
+    g = torch.Generator().manual_seed(1)
+    clone(model, expert_demos(train_tasks[:4], chat, factory, 1, g), chat, 3, 1e-2, 4, g)
+    cfg = RLConfig(group_size=2, tasks_per_step=2, max_call_tokens=8, max_turns=2)
+    trajs, _ = probe_batch(model, chat, train_tasks, cfg, factory, g)
+    return model, trajs, cfg
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_fault_matrix_holds_on_the_small_qwen3_after_cold_start(cloned_batch, chat):
+    from agentrl.faults.preflight import fault_matrix
+    from agentrl.faults.registry import FAULTS
+    model, trajs, cfg = cloned_batch
+    out = fault_matrix(model, trajs, chat, cfg, list(FAULTS))
+    assert out["failed"]["None"] == [], out["clean"]          # the nine invariants pass on the Qwen3 backend
+    assert out["matches_expected"], (out["failed"], out["expected"])
+    assert out["gate"] == "passed"
+
+
+@pytest.fixture(scope="module")
+def coding_chat():
+    from agentrl.backends.qwen3 import transformers
+    from agentrl.labs.toolchat import Qwen3CodingChat
+    return Qwen3CodingChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_a_coding_turn_is_a_call_a_final_answer_or_malformed(coding_chat):
+    """The start-up assertion held (fixture); a tool call is passed to the environment, a turn without one is the
+    final answer, and broken JSON or two calls are malformed (the environment's check refuses them)."""
+    from agentrl.labs.toolchat import MALFORMED_CALL
+    from agentrl.tools.schemas import check_call
+    ids = coding_chat.turn_ids("Read", {"file_path": "/repo/f.py"})
+    assert coding_chat.action(ids) == ("call", {"name": "Read", "arguments": {"file_path": "/repo/f.py"}})
+    assert coding_chat.action(coding_chat.answer_ids("Fixed it.")) == ("answer", "Fixed it.")
+    broken = coding_chat.encode('<tool_call>\n{"name": "Read", "arguments": {\n</tool_call>') + [coding_chat.stop_id]
+    two = ids[:-1] + ids
+    for turn in (broken, two):
+        kind, call = coding_chat.action(turn)
+        assert kind == "call" and call is MALFORMED_CALL
+        with pytest.raises(ValueError):
+            check_call(call)
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_chat, train_tasks):
+    from agentrl.labs.cloning import tools_expert_demo
+    from agentrl.labs.toolchat import SandboxClock, make_chat_tools_env_factory
+    clock = SandboxClock()
+    env = make_chat_tools_env_factory(6, clock)(train_tasks[0], torch.Generator().manual_seed(0))
+    demo = tools_expert_demo(env, coding_chat)
+    assert demo.reward == 1.0 and env.info["calls"] == ["Read", "Edit", "Bash"] and env.info["answered"]
+    assert env.info["test_runs"] == 1 and clock.runs == 2 and clock.seconds > 0   # pytest and the final grade
+    assert env.info["n_turns"] == 4 and env.info["submitted"]
+
+
+def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_path):
+    from agentrl.config import ConfigError, LabConfig
+    from agentrl.labs.recipe import load_policy
+    with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory") as err:
+        load_policy(LabConfig(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
+    assert "\n" not in str(err.value) and not (tmp_path / "unused").exists()

@@ -1,0 +1,144 @@
+"""Kill anywhere, resume to the same bytes: `train` on a shortened config is SIGKILLed at every boundary in turn,
+each kill in a process that itself resumed from the previous one (right after the step-0 checkpoint is written,
+mid-step between two optimizer steps, during validation, while a checkpoint file is being written, right after a
+later checkpoint), then run to the end; every output byte equals an uninterrupted run's.
+
+The kills are placed by a wrapper that patches the train process before the stage runs (the stage's own code is
+what runs); each kill is asserted to have happened where it was meant to."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow   # stage subprocesses, real training
+
+SHORT = {"base": {"demos_per_task": 12, "steps": 40, "teach_steps": 20},
+         "rl": {"tasks_per_step": 4, "group_size": 4},
+         "train": {"steps": 6, "checkpoint_every": 2, "eval_per_task": 2}}
+OUTPUTS = ("data/train", "reports/train.json", "reports/train_dashboard.json", "reports/metrics/train.json")
+
+# Runs before the stage in the killed process: KILL_AT names the boundary, the process SIGKILLs itself there.
+KILLER = """
+import io, os, runpy, signal, sys
+import torch
+sys.path.insert(0, os.getcwd())
+import agentrl.eval.validation as validation
+
+where, _, at = os.environ["KILL_AT"].partition(":")
+at = int(at)
+def die():
+    open("killed_at", "w").write(os.environ["KILL_AT"])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+save, evaluate, adam_step = validation.save_policy, validation.evaluate, torch.optim.Adam.step
+calls = {"adam": 0}
+def save_policy(path, model, tok_hash, extra=None):
+    if where == "writing" and extra["step"] == at:   # the kill lands inside the write: half a file on disk
+        buffer = io.BytesIO()
+        torch.save({"state_dict": model.state_dict(), "extra": extra}, buffer)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        die()
+    save(path, model, tok_hash, extra)
+    if where == "written" and extra["step"] == at:
+        die()
+def evaluate_(*args, **kwargs):
+    if where == "validation" and validation_step[0] == at:
+        die()
+    return evaluate(*args, **kwargs)
+validation_step = [None]
+checkpoint = validation.CheckpointHook._checkpoint
+def _checkpoint(self, updates, state):
+    validation_step[0] = updates
+    return checkpoint(self, updates, state)
+def step(self, *args, **kwargs):
+    calls["adam"] += 1
+    out = adam_step(self, *args, **kwargs)
+    if where == "midstep" and calls["adam"] == at:   # between two minibatch updates of one step
+        die()
+    return out
+validation.save_policy, validation.evaluate = save_policy, evaluate_
+validation.CheckpointHook._checkpoint = _checkpoint
+torch.optim.Adam.step = step
+runpy.run_module("stages.train", run_name="__main__")
+"""
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/store.db", PYTHONPATH=str(tmp_path / "work"))
+    return env
+
+
+def _stage(work: Path, env: dict, name: str) -> None:
+    out = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _outputs(work: Path) -> dict[str, bytes]:
+    files = {}
+    for rel in OUTPUTS:
+        path = work / rel
+        for p in ([path] if path.is_file() else sorted(q for q in path.rglob("*") if q.is_file())):
+            files[p.relative_to(work).as_posix()] = p.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """tasks and the (shortened) base built by their stages; the preflight gate as the file train requires."""
+    tmp_path = tmp_path_factory.mktemp("resume")
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("agentrl", "stages"):
+        shutil.copytree(REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", work / "dvc.yaml")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in SHORT.items():
+        params[section].update(values)
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = _env(tmp_path)
+    for name in ("tasks", "base"):
+        _stage(work, env, name)
+    (work / "data" / "preflight").mkdir(parents=True)
+    (work / "data" / "preflight" / "gate.json").write_text('{"gate": "passed"}\n')
+    _stage(work, env, "train")
+    reference = _outputs(work)
+    return work, env, reference
+
+
+# (boundary, where): each kill happens in a process that resumed from the one before
+KILLS = [("written:0", "right after the step-0 checkpoint is written"),
+         ("midstep:3", "between the two minibatch updates of step 1 (resumed from step 0)"),
+         ("validation:2", "while validating the step-2 policy"),
+         ("writing:2", "while the step-2 checkpoint file is being written"),
+         ("written:4", "right after the step-4 checkpoint is written")]
+
+
+def test_sigkill_at_every_boundary_then_resume_gives_the_same_bytes(workspace):
+    work, env, reference = workspace
+    shutil.rmtree(work / "data" / "train")
+    for name in ("reports/train.json", "reports/train_dashboard.json", "reports/metrics/train.json"):
+        (work / name).unlink()
+    (work / "killer.py").write_text(KILLER)
+    for kill_at, what in KILLS:
+        (work / "killed_at").unlink(missing_ok=True)
+        out = subprocess.run([sys.executable, "killer.py"], cwd=work, env=env | {"KILL_AT": kill_at},
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == -9 and (work / "killed_at").read_text() == kill_at, (what, out.stderr[-3000:])
+        if kill_at.startswith("writing"):   # half a file for the next run to clear, not to resume from
+            assert [p.name for p in (work / "data" / "train").rglob("*.tmp")] == ["step_0002.pt.tmp"]
+    resumed = subprocess.run([sys.executable, "-m", "stages.train"], cwd=work, env=env, capture_output=True,
+                             text=True, timeout=900)
+    assert resumed.returncode == 0 and "resuming from checkpoint step 4" in resumed.stderr, resumed.stderr[-3000:]
+    got = _outputs(work)
+    assert sorted(got) == sorted(reference)
+    assert [name for name in reference if got[name] != reference[name]] == []
