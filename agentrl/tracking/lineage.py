@@ -19,17 +19,18 @@ def lock_stages(text: str | None) -> dict:
     if not text:
         return {}
     try:
-        return (yaml.safe_load(text) or {}).get("stages", {}) or {}
-    except yaml.YAMLError:
+        stages = (yaml.safe_load(text) or {}).get("stages", {}) or {}
+    except (yaml.YAMLError, AttributeError):
         return {}
+    return {k: v for k, v in stages.items() if isinstance(v, dict)} if isinstance(stages, dict) else {}
 
 
 def flat_params(entry: dict) -> dict:
     """A lock entry's params as {"rl.lr": value} (params.yaml keys unprefixed, other files as 'file:key')."""
     from agentrl.tracking.provenance import flatten_params
-    out = {}
-    for pfile, values in (entry.get("params") or {}).items():
-        flat = flatten_params(values or {})
+    out, params = {}, entry.get("params") or {}
+    for pfile, values in (params.items() if isinstance(params, dict) else ()):
+        flat = flatten_params(values if isinstance(values, dict) else {})
         out.update(flat if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in flat.items()})
     return out
 
@@ -37,8 +38,8 @@ def flat_params(entry: dict) -> dict:
 def _writer(path: str, stages: dict) -> str | None:
     """The stage whose outs hold `path` (the out itself or a directory above it)."""
     for name, entry in stages.items():
-        for out in entry.get("outs", []):
-            o = out.get("path", "")
+        for out in entry.get("outs") or []:
+            o = str(out.get("path", "")) if isinstance(out, dict) else ""
             if path == o or path.startswith(o.rstrip("/") + "/"):
                 return name
     return None
@@ -49,8 +50,8 @@ def upstream(stage: str, stages: dict) -> list[str]:
     order, queue, seen = [], [stage], {stage}
     while queue:
         current = queue.pop(0)
-        for dep in stages.get(current, {}).get("deps", []):
-            path = dep.get("path", "")
+        for dep in stages.get(current, {}).get("deps") or []:
+            path = str(dep.get("path", "")) if isinstance(dep, dict) else ""
             if path.endswith(".py"):
                 continue
             writer = _writer(path, stages)
@@ -65,9 +66,10 @@ def _record(stage: str, root: Path) -> dict:
     from agentrl.tracking.run import record_path
     path = record_path(stage, root)
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return record if isinstance(record, dict) else {}   # a damaged record says nothing, it does not crash audit
 
 
 def lineage(stage: str, root: Path) -> dict:
@@ -82,8 +84,9 @@ def lineage(stage: str, root: Path) -> dict:
         base = flat_params(committed[name]) if name in committed else None
         changed = {} if base is None else {k: base.get(k, "(absent)") for k, v in params.items() if base.get(k) != v}
         rec = _record(name, root)
+        machine = rec.get("machine")
         out.append({"stage": name, "params": params, "changed": changed, "new": base is None and bool(committed),
-                    "threads": rec.get("threads"), "machine": rec.get("machine")})
+                    "threads": rec.get("threads"), "machine": machine if isinstance(machine, dict) else None})
     return {"stages": out, "baseline": "HEAD:dvc.lock" if committed else None}
 
 
@@ -107,7 +110,7 @@ def attach_verdicts(chain: dict) -> tuple[str, str]:
 
 
 def format_machine(machine: dict | None) -> str:
-    if not machine:
+    if not isinstance(machine, dict) or not machine:
         return "-"
     return (f"{machine.get('mode')} numerics, {machine.get('isa')} kernels, {machine.get('cpu_vendor')} "
             f"{machine.get('cpu_model')}, MKL {machine.get('mkl')}, oneDNN {machine.get('onednn')}, "
