@@ -37,16 +37,16 @@ def die():
     open("killed_at", "w").write(os.environ["KILL_AT"])
     os.kill(os.getpid(), signal.SIGKILL)
 
-save, evaluate, adam_step = validation.save_policy, validation.evaluate, torch.optim.Adam.step
+save, evaluate, adam_step = validation.save_checkpoint, validation.evaluate, torch.optim.Adam.step
 calls = {"adam": 0}
-def save_policy(path, model, tok_hash, extra=None):
+def save_checkpoint(model, path, tok_hash, extra=None):
     if where == "writing" and extra["step"] == at:   # the kill lands inside the write: half a file on disk
         buffer = io.BytesIO()
         torch.save({"state_dict": model.state_dict(), "extra": extra}, buffer)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         die()
-    save(path, model, tok_hash, extra)
+    save(model, path, tok_hash, extra)
     if where == "written" and extra["step"] == at:
         die()
 def evaluate_(*args, **kwargs):
@@ -64,7 +64,7 @@ def step(self, *args, **kwargs):
     if where == "midstep" and calls["adam"] == at:   # between two minibatch updates of one step
         die()
     return out
-validation.save_policy, validation.evaluate = save_policy, evaluate_
+validation.save_checkpoint, validation.evaluate = save_checkpoint, evaluate_
 validation.CheckpointHook._checkpoint = _checkpoint
 torch.optim.Adam.step = step
 runpy.run_module("stages.train", run_name="__main__")
