@@ -52,6 +52,7 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
     import torch
     import torch.nn.functional as F
     from agentrl.env.formats import conversation
+    from agentrl.model.logprobs import log_softmax
     from agentrl.rl.rollout import OWNER, Trajectory, pad_rows
     fmt = conversation(tok)
     ids = [fmt.prompt(env) for env in envs]
@@ -72,7 +73,7 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
                 last[torch.arange(len(in_call)), lengths - 1] = True
                 scaled = model.logits(prefixes, last) / temperature
                 token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
-                token_logp = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+                token_logp = log_softmax(scaled).gather(1, token[:, None]).squeeze(1)
                 for r, t, lp in zip(in_call, token.tolist(), token_logp.tolist()):
                     calls[r].append(t)
                     ids[r].append(t)

@@ -224,6 +224,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.backend == "qwen3":
+        from agentrl.labs.bench import run_qwen3_bench
+        set_threads(max(args.threads))
+        return run_qwen3_bench(args)
     try:
         _model_path(args)
     except ValueError as exc:
@@ -332,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: step time under portable and native numerics, each mode in its own process, "
                         "alternating for ROUNDS rounds (docs/numerics.md)")
     b.add_argument("--json", action="store_true", help="print the step times as one JSON line")
+    b.add_argument("--backend", choices=["tinyagent", "qwen3"], default="tinyagent",
+                   help="qwen3: the lab backend's sampler against plain generate, and an update's peak memory with "
+                        "the LM head on policy positions against full logits (--model: a Qwen3 directory)")
+    b.add_argument("--rows", type=_int_at_least(1), default=64, help="qwen3: prompts sampled together")
+    b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="qwen3: new tokens per prompt")
+    b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="qwen3: rows of the measured update")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")

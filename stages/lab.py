@@ -24,7 +24,9 @@ def main(name: str | None = None):
     name = lab_instance(name)
 
     def body(ctx):
+        from agentrl.labs.allocator import keep_freed_memory
         from agentrl.labs.recipe import SPECS, run_lab
+        keep_freed_memory()
         from agentrl.labs.report import menu_report, tools_report
         from agentrl.labs.timing import SandboxShare
         out = DATA / "labs" / name
@@ -37,6 +39,8 @@ def main(name: str | None = None):
         numbers, markdown = (tools_report if name == "tools" else menu_report)(record)
         write_json(REPORTS / "labs" / f"{name}.json", numbers)
         write_text(REPORTS / "labs" / f"{name}.md", markdown)
+        for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
+            ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         held = numbers["held_out"]
         ctx.run.log_metrics({"heldout_before": held["before"]["mean"], "heldout_after": held["after"]["mean"],
                              "heldout_gain": held["gain"]["mean"], "wall_s": record["wall_s"],

@@ -13,8 +13,7 @@ from agentrl.labs.cloning import call_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
-needs_tokenizer = pytest.mark.skipif(not (TOKENIZER / ".fetched").is_file(),
-                                     reason="the Qwen3 tokenizer is fetched by `make install`")
+needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skips) without `make install`'s files
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -149,3 +148,66 @@ def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_p
     with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory") as err:
         load_policy(LabConfig(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
     assert "\n" not in str(err.value) and not (tmp_path / "unused").exists()
+
+
+SHORT_LAB = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 1, "tasks_per_step": 2,
+             "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "tools_new_tokens": 24, "eval_per_task": 1,
+             "tools_clone_steps": 2, "tools_steps": 1, "tools_episodes_per_task": 2,
+             "eval_batch": 10}
+
+
+@pytest.mark.slow
+@needs_tokenizer
+@pytest.mark.parametrize("name", ["menu", "tools"])
+def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(name, tmp_path, monkeypatch):
+    """The whole lab (model made, written and loaded back; cold start; preflight; evaluation; GRPO; evaluation)
+    on a shortened config, and its report has each of the issue's columns, filled."""
+    import json
+    from agentrl.config import load_section
+    from agentrl.labs.recipe import SPECS, run_lab
+    from agentrl.labs.report import menu_report, tools_report
+    from agentrl.labs.timing import SandboxShare
+    monkeypatch.chdir(REPO)   # the tokenizer files under data/tokenizers/qwen3
+    params = {"lab": load_section("lab", {"lab": SHORT_LAB}), "rl": load_section("rl", {"rl": {}}),
+              "run": load_section("run", {"run": {}})}
+    share = SandboxShare()
+    record = run_lab(SPECS[name], params, tmp_path / "out", tmp_path / "model", log=lambda *_: None,
+                     hooks=[share], clock=share.clock)
+    record["threads"] = 2
+    if name == "tools":
+        record["sandbox"] = share.summary()
+    numbers, md = (tools_report if name == "tools" else menu_report)(record)
+    assert (tmp_path / "model" / "config.json").is_file() and (tmp_path / "out" / "final" / "tokenizer.json").is_file()
+    assert numbers["held_out"]["tasks"] == 10 and len(numbers["training"]["entropy_per_step"]) == 1
+    assert set(numbers["preflight"]["checks"]) == {"mask_is_policy", "sampler_trainer_gap", "ratio_is_one",
+                                                   "group_adv_mean", "padding_invariance", "accumulation",
+                                                   "old_logp_frozen", "update_direction", "kl_to_reference"}
+    columns = ["paired gain", "share that Read first" if name == "tools" else "share that read first",
+               "action-token entropy per step", "zero-advantage share", "sampler-trainer gap", "Wall time",
+               "Peak memory", "| task |", "mechanism demonstration"]
+    columns += ["failed calls per episode, by kind", "Write calls", "test runs", "claiming success",
+                "| family", "sandbox share of a training step"] if name == "tools" else \
+        ["malformed calls", "share that submit"]
+    for column in columns:
+        assert column in md, column
+    assert "n/a" not in md.split("## Preflight")[0], md
+    json.dumps(numbers)   # the report's numbers are JSON
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_qwen3_bench_measures_both_samplers_and_both_update_memories():
+    """`bench --backend qwen3` on a tiny setting: both samplers drew the same number of new tokens (asserted inside)
+    and the update with full logits needs more memory than the one with the LM head on policy positions."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "qwen3", "--rows", "2",
+                          "--new-tokens", "3", "--steps", "1", "--memory-rows", "2", "--threads", "1", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    s, mem = result["sampling"], result["memory"]
+    assert s["backend_s_per_token"] > 0 and s["generate_s_per_token"] > 0 and s["new_tokens"] == 3
+    assert mem["policy"]["policy_tokens"] == mem["full"]["policy_tokens"] > 0
+    assert mem["full"]["peak_above_mib"] > 2 * mem["policy"]["peak_above_mib"]

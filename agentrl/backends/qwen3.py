@@ -30,6 +30,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_T
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 QWEN3_VOCAB = 151_936   # Qwen3's embedding rows (the tokenizer's 151,669 tokens, padded)
+NO_GRAD_CHUNK = 1024    # positions per LM-head pass without gradient: 1024 x 151,936 float32 logits are 594 MiB
 
 
 def transformers():
@@ -98,15 +99,25 @@ class Qwen3Policy(nn.Module):
 
     def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
                   entropy: bool = False):
-        """log p(ids[1:]) [B, T-1] at the positions `at` marks (0 elsewhere), the LM head applied there only."""
+        """log p(ids[1:]) [B, T-1] at the positions `at` marks (0 elsewhere), the LM head applied there only; without
+        gradient, NO_GRAD_CHUNK positions at a time (an evaluation's 10^4 positions would be GiBs of logits)."""
         B, T = ids.shape
         at = torch.ones(B, T - 1, dtype=torch.bool) if at is None else at > 0
-        logits = self.lm.lm_head(self.hidden(ids)[:, :-1][at]) / temperature
-        logp = selected_log_probs(logits, ids[:, 1:][at])
+        h, targets = self.hidden(ids)[:, :-1][at], ids[:, 1:][at]
+        step = h.shape[0] if torch.is_grad_enabled() else NO_GRAD_CHUNK
+        logps, entropies = [], []
+        for i in range(0, max(h.shape[0], 1), max(step, 1)):
+            logits = self.lm.lm_head(h[i:i + step])
+            if temperature != 1.0:   # x / 1.0 is x: skip a pass over [N, vocab]
+                logits = logits / temperature
+            logps.append(selected_log_probs(logits, targets[i:i + step]))
+            if entropy:
+                entropies.append(entropy_from_logits(logits))
+        logp = torch.cat(logps)
         out = logp.new_zeros(B, T - 1).index_put((at,), logp)
         if not entropy:
             return out, None
-        return out, logp.new_zeros(B, T - 1).index_put((at,), entropy_from_logits(logits))
+        return out, logp.new_zeros(B, T - 1).index_put((at,), torch.cat(entropies))
 
     def frozen_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, at: torch.Tensor | None = None,
                          temperature: float = 1.0, entropy: bool = False):

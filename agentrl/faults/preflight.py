@@ -5,12 +5,13 @@ clears the threshold on its side; docs/preflight.md)."""
 from __future__ import annotations
 
 from agentrl.faults.registry import BUGS, EXPECTED_FAILURES, seams_for
-from agentrl.rl.invariants import CHECKS, THRESHOLDS, failed_checks, margin, sanity_checks
+from agentrl.rl.invariants import CHECKS, failed_checks, margin, sanity_checks
 
 
 def _cells(res) -> dict:
-    return {k: {"value": v, "passed": p, "relation": THRESHOLDS[k][0], "threshold": THRESHOLDS[k][1],
-                "margin": margin(k, v)} | ({"error": res.errors[k]} if k in res.errors else {})
+    t = res.thresholds
+    return {k: {"value": v, "passed": p, "relation": t[k][0], "threshold": t[k][1],
+                "margin": margin(k, v, res.backend)} | ({"error": res.errors[k]} if k in res.errors else {})
             for k, (v, p) in res.items()}
 
 
@@ -25,7 +26,7 @@ def fault_matrix(model, trajs: list, tok, cfg, bugs: list[str]) -> dict:
     extra = {b: sorted(failed[b] - expected[b]) for b in failed if failed[b] - expected[b]}
     gate = not failed["None"] and not escaped
     return {"checks": list(CHECKS), "kl_coef": cfg.kl_coef,
-            "thresholds": {c: {"relation": r, "value": v} for c, (r, v) in THRESHOLDS.items()},
+            "thresholds": {c: {"relation": r, "value": v} for c, (r, v) in matrix["None"].thresholds.items()},
             "batch_episodes": len(trajs),
             "clean": _cells(matrix["None"]),
             "matrix": {b: _cells(res) for b, res in matrix.items()},

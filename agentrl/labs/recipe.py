@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import no_grad
 
 from agentrl.env.gym import make_env_factory
 from agentrl.env.tasks import make_tasks
@@ -40,10 +41,12 @@ class LabSpec:
     name: str
     chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.labs.toolchat.Qwen3CodingChat
     demo: object              # (env, chat) -> Trajectory of the scripted expert
+    probe_group: int          # episodes per group of the preflight's two groups: the float64 references hold
+                              # [policy tokens, 151,936] log-softmaxes, and a tools turn is 3x a menu turn
 
 
-MENU = LabSpec("menu", "menu", expert_demo)
-TOOLS = LabSpec("tools", "tools", tools_expert_demo)
+MENU = LabSpec("menu", "menu", expert_demo, 4)
+TOOLS = LabSpec("tools", "tools", tools_expert_demo, 2)
 SPECS = {"menu": MENU, "tools": TOOLS}
 
 
@@ -75,10 +78,19 @@ def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
     return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
 
 
+def lab_for(spec: LabSpec, lab):
+    """The lab section as `spec` reads it: the tools lab's own budget knobs (tools_*) in place of the menu lab's."""
+    if spec.chat != "tools":
+        return lab
+    return replace(lab, clone_steps=lab.tools_clone_steps, steps=lab.tools_steps,
+                   episodes_per_task=lab.tools_episodes_per_task, new_tokens=lab.tools_new_tokens)
+
+
 def rl_config(rl, lab, spec: LabSpec = MENU):
     """The project's GRPO config with the lab's knobs."""
+    lab = lab_for(spec, lab)
     return replace(rl, lr=lab.lr, tasks_per_step=lab.tasks_per_step, group_size=lab.episodes_per_task,
-                   max_call_tokens=lab.tools_new_tokens if spec.chat == "tools" else lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
+                   max_call_tokens=lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
                    microbatches=lab.microbatches, max_turns=lab.max_turns)
 
 
@@ -90,7 +102,7 @@ def held_out(model, tasks, chat, lab, cfg, env_factory, seed: int, label: str) -
     beh = behavior_stats(res["trajs"])
     out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
-           "entropy": action_entropy(model, res["trajs"], chat)}
+           "entropy": no_grad(action_entropy)(model, res["trajs"], chat)}
     if all("failed" in t.info for t in res["trajs"]):
         out.update(tools_behaviour(res["trajs"]))
     return out
@@ -143,7 +155,7 @@ def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, l
             clock=None) -> dict:
     """The whole lab -> the report's record; writes checkpoints under out_dir and, when lab.model is null, the
     small Qwen3 to small_model_dir."""
-    lab, rl, seed = params["lab"], params["rl"], params["run"].seed
+    lab, rl, seed = lab_for(spec, params["lab"]), params["rl"], params["run"].seed
     start, cpu_start = time.time(), time.process_time()
     timings = {}
 
@@ -169,7 +181,8 @@ def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, l
         save_qwen3(model, out_dir / "cold_start", chat.hash, tokenizer_dir=TOKENIZER_DIR)
 
         t0 = time.time()
-        gate = preflight(model, chat, train_tasks, cfg, env_factory, seed)
+        gate = preflight(model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, spec.probe_group)),
+                         env_factory, seed)
         lap("preflight", t0)
         t0 = time.time()
         before = held_out(model, heldout, chat, lab, cfg, env_factory, seed, "before")

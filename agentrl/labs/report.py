@@ -38,7 +38,8 @@ def training_stats(history: list) -> dict:
             "zero_adv_share": _mean(history, "zero_adv_frac"),
             "sampler_trainer_gap_mean": _mean(history, "logp_gap"),
             "sampler_trainer_gap_max": max((row.get("logp_gap_max", 0.0) for row in history), default=None),
-            "train_pass_rate": _mean(history, "pass_rate"), "malformed": _mean(history, "malformed")}
+            "train_pass_rate": _mean(history, "pass_rate"), "malformed": _mean(history, "malformed"),
+            "pass_per_step": [row.get("pass_rate") for row in history]}
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -118,7 +119,8 @@ def menu_report(record: dict) -> tuple[dict, str]:
           f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
           f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
           f"| malformed calls per training episode | {fmt(training['malformed'])} |",
-          f"| training pass rate | {fmt(training['train_pass_rate'])} |", "",
+          f"| training pass rate (mean; per step) | {fmt(training['train_pass_rate'])}; "
+          f"{', '.join(fmt(p, 2) for p in training['pass_per_step'])} |", "",
           "## Per-task counts (held-out)", "", *per_task_table(record["before"], record["after"]), "",
           "## Preflight", "", *preflight_lines(record["preflight"]), "",
           "## Cost", "", *cost_lines(record), ""]
@@ -168,6 +170,8 @@ def tools_report(record: dict) -> tuple[dict, str]:
           "## Training (GRPO steps)", "", "| column | value |", "|---|---|",
           f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
           f"| zero-advantage share | {fmt(training['zero_adv_share'])} |",
+          f"| training pass rate (mean; per step) | {fmt(training['train_pass_rate'])}; "
+          f"{', '.join(fmt(p, 2) for p in training['pass_per_step'])} |",
           f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
           f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
           f"| sandbox share of a training step | {fmt(sandbox['share'])} ({sandbox['runs']} sandboxed steps, "

@@ -16,6 +16,7 @@ import torch
 
 from agentrl.rl.rollout import OWNER
 
+NO_GRAD_ELEMENTS = 2**27   # a float64 [positions, vocab] log-softmax of at most 1 GiB per pass without gradient
 ADV_EPS = 1e-6   # the advantage formula's epsilon: (r - group mean) / (unbiased group std + eps)
 
 # KL(pi || ref) per sampled token, x = log pi(token) - log ref(token) (Schulman's k1, k2, k3)
@@ -85,19 +86,50 @@ def on_grid(values: torch.Tensor, ids: torch.Tensor, at: torch.Tensor | None) ->
     return out
 
 
+def vocab_size(model) -> int:
+    return int(model.describe()["config"]["vocab_size"])
+
+
+def row_chunks(ids: torch.Tensor, at: torch.Tensor | None, vocab: int) -> list[slice]:
+    """The whole batch as one slice while its [positions, vocab] float64 log-softmax stays under
+    NO_GRAD_ELEMENTS (TinyAgent's always does), else row slices that each do (a large vocabulary's)."""
+    per_row = positions(ids, at).sum(1).tolist()
+    if sum(per_row) * vocab <= NO_GRAD_ELEMENTS:
+        return [slice(None)]
+    out, start, size = [], 0, 0
+    for i, n in enumerate(per_row):
+        if size and (size + n) * vocab > NO_GRAD_ELEMENTS:
+            out.append(slice(start, i))
+            start, size = i, 0
+        size += n
+    return out + [slice(start, len(per_row))]
+
+
 def log_probs(model, ids: torch.Tensor, temperature: float = 1.0, at: torch.Tensor | None = None) -> torch.Tensor:
     """log p(ids[j+1] | ids[:j+1]) [B, T-1], float64, from one full forward without a cache, at the positions `at`
-    [B, T-1] marks (every one if None; 0 elsewhere)."""
-    targets = ids[:, 1:][positions(ids, at)[:, :-1]]
-    return on_grid(log_softmax_at(model, ids, at, temperature).gather(-1, targets[:, None]).squeeze(-1), ids, at)
+    [B, T-1] marks (every one if None; 0 elsewhere). Without gradient, in row_chunks."""
+    if torch.is_grad_enabled():
+        chunks = [slice(None)]
+    else:
+        chunks = row_chunks(ids, at, vocab_size(model))
+    parts = []
+    for rows in chunks:
+        i, a = ids[rows], None if at is None else at[rows]
+        targets = i[:, 1:][positions(i, a)[:, :-1]]
+        parts.append(on_grid(log_softmax_at(model, i, a, temperature).gather(-1, targets[:, None]).squeeze(-1), i, a))
+    return torch.cat(parts)
 
 
 @torch.no_grad()
 def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> float:
-    """Mean over the masked positions of the exact KL(model || ref) = sum_v p(v) log(p(v) / q(v)) (no estimator)."""
-    lp, lq = log_softmax_at(model, ids, mask, temperature), log_softmax_at(ref, ids, mask, temperature)
-    kl = on_grid((lp.exp() * (lp - lq)).sum(-1), ids, mask)
-    return float((kl * mask).sum() / max(float(mask.sum()), 1.0))
+    """Mean over the masked positions of the exact KL(model || ref) = sum_v p(v) log(p(v) / q(v)) (no estimator),
+    in row_chunks."""
+    total = 0.0
+    for rows in row_chunks(ids, mask, vocab_size(model)):
+        i, m = ids[rows], mask[rows]
+        lp, lq = log_softmax_at(model, i, m, temperature), log_softmax_at(ref, i, m, temperature)
+        total = total + (on_grid((lp.exp() * (lp - lq)).sum(-1), i, m) * m).sum()
+    return float(total / max(float(mask.sum()), 1.0))
 
 
 def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, cfg) -> torch.Tensor:
@@ -114,12 +146,16 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
     logz = log_softmax_at(model, ids, mask, cfg.temperature)
     row = torch.full(mask.shape, -1, dtype=torch.long)     # [B, T-1] -> row of logz
     row[mask > 0] = torch.arange(logz.shape[0])
+    # each token's log-prob and entropy taken out of logz once, as separate scalars: indexing logz per token would
+    # give every token a backward of the whole [N, V] (quadratic in the tokens; minutes on a 151,936-token vocabulary)
+    token_logp = logz.gather(-1, ids[:, 1:][mask > 0][:, None]).squeeze(-1).unbind(0)
+    token_entropy = (-(logz.exp() * logz).sum(-1)).unbind(0) if cfg.entropy_coef else None
     low, high = cfg.clip_range
     lo, hi = 1 - low, 1 + high
     row_sums, row_counts = [], []
     for i in range(ids.shape[0]):
         at = torch.nonzero(mask[i]).flatten().tolist()
-        lps = [logz[row[i, j], int(ids[i, j + 1])] for j in at]
+        lps = [token_logp[row[i, j]] for j in at]
         if cfg.ratio_level == "sequence" and at:   # one ratio s per row, exp(mean of lp - old), gradient s * grad lp
             log_s = min(sum(float(lp.detach()) - float(old_logp[i, j]) for lp, j in zip(lps, at)) / len(at), 10.0)
         terms = []
@@ -135,8 +171,7 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
             if cfg.clip_ratio_c is not None and a < 0:   # dual clip: at most c |A|
                 term = torch.minimum(term, torch.tensor(-a * cfg.clip_ratio_c, dtype=term.dtype))
             if cfg.entropy_coef:
-                entropy = -(logz[row[i, j]].exp() * logz[row[i, j]]).sum()
-                term = term - cfg.entropy_coef * entropy
+                term = term - cfg.entropy_coef * token_entropy[row[i, j]]
             if ref_logp is not None:
                 term = term + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_kind](lp - float(ref_logp[i, j]))
             terms.append(term)

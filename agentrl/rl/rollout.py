@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from agentrl.env.formats import conversation
+from agentrl.model.logprobs import draw
 from agentrl.model.packing import pad_rows
 
 OWNER = {"prompt": 0, "policy": 1, "env": 2}
@@ -90,9 +90,9 @@ def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator
         if rows.numel() == 0:
             break
         scaled = last_logits[rows] / temperature
-        token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
+        token, logp = draw(scaled, generator)
         tokens[rows, k] = token
-        token_logp[rows, k] = F.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+        token_logp[rows, k] = logp
         step_ids = torch.full((n, 1), pad_id, dtype=torch.long)
         step_ids[rows, 0] = token
         last_logits[rows] = sampler.step(step_ids, in_call)
