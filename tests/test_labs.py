@@ -211,3 +211,15 @@ def test_the_qwen3_bench_measures_both_samplers_and_both_update_memories():
     assert s["backend_s_per_token"] > 0 and s["generate_s_per_token"] > 0 and s["new_tokens"] == 3
     assert mem["policy"]["policy_tokens"] == mem["full"]["policy_tokens"] > 0
     assert mem["full"]["peak_above_mib"] > 2 * mem["policy"]["peak_above_mib"]
+
+
+def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made(tmp_path):
+    from agentrl.config import ConfigError, load_section
+    from agentrl.labs.recipe import MENU, run_lab
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: lab.device cuda is valid here")
+    params = {"lab": load_section("lab", {"lab": {"device": "cuda"}}), "rl": load_section("rl", {"rl": {}}),
+              "run": load_section("run", {"run": {}})}
+    with pytest.raises(ConfigError, match=r"^lab.device: cuda, but torch sees no CUDA device") as err:
+        run_lab(MENU, params, tmp_path / "out", tmp_path / "model")
+    assert "\n" not in str(err.value) and not (tmp_path / "model").exists() and not (tmp_path / "out").exists()

@@ -57,6 +57,14 @@ def env_factory_for(spec: LabSpec, lab, clock):
     return make_env_factory(lab.max_turns, "hidden", True)
 
 
+def check_device(device: str) -> None:
+    """A one-line ConfigError, before anything is made or loaded, when lab.device names a device torch lacks."""
+    from agentrl.config import ConfigError
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("lab.device: cuda, but torch sees no CUDA device here (torch.cuda.is_available() is "
+                          "False); allowed on this machine: cpu")
+
+
 def peak_memory_mib() -> float:
     """Peak resident set of this process (ru_maxrss is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -156,6 +164,7 @@ def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, l
     """The whole lab -> the report's record; writes checkpoints under out_dir and, when lab.model is null, the
     small Qwen3 to small_model_dir."""
     lab, rl, seed = lab_for(spec, params["lab"]), params["rl"], params["run"].seed
+    check_device(lab.device)
     start, cpu_start = time.time(), time.process_time()
     timings = {}
 
