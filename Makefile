@@ -15,7 +15,7 @@ QWEN3_TGZ_SHA256 := c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd4
 QWEN3_TOKENIZER_JSON_SHA256 := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 QWEN3_TOKENIZER_CONFIG_SHA256 := 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
 
-.PHONY: install repro test test-fast bench check clean qwen3-tokenizer
+.PHONY: install repro test test-fast lint bench check clean qwen3-tokenizer
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,10 +43,13 @@ install: $(STAMP) $(QWEN3_TOKENIZER)/.fetched
 repro: install
 	$(BIN)/dvc repro
 
-test: install
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: install lint
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install lint
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP)

@@ -1,7 +1,7 @@
 """python -m agentrl {check, envcheck, bench, audit, replay, study, research, sweep, compare-reports, deps}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
-torch's thread count once, then works, inside the error boundary (agentrl.boundary: exit 1 with a log file for an
+torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
 unexpected error, 130 on Ctrl-C, 143 on SIGTERM).
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from agentrl.artifacts import policy_path
-from agentrl.boundary import check_threads, guard
+from agentrl.core.artifacts import policy_path
+from agentrl.core.boundary import check_threads, guard
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,7 +47,7 @@ def _nonneg_float(text: str) -> float:
 
 
 def _seed(text: str) -> int:
-    from agentrl.config import SEED_MAX
+    from agentrl.core.config import SEED_MAX
     value = _int_at_least(0)(text)
     if value > SEED_MAX:
         raise argparse.ArgumentTypeError(f"expected a seed in [0, {SEED_MAX}] (64 bits), got {value}")
@@ -69,7 +69,7 @@ def _seed_list(text: str) -> list[int]:
 
 
 def _fault_name(text: str) -> str:
-    from agentrl.config import FAULT_NAMES
+    from agentrl.core.config import FAULT_NAMES
     if text not in FAULT_NAMES:
         raise argparse.ArgumentTypeError(f"unknown fault {text!r}; allowed: {', '.join(FAULT_NAMES)}")
     return text
@@ -93,7 +93,8 @@ def _model_path(args) -> str | None:
 def numerics_mode(args) -> str:
     """--numerics, else params.yaml's run.numerics when the file says, else portable (the param's default)."""
     import yaml
-    from agentrl.numerics import check_mode
+
+    from agentrl.core.numerics import check_mode
     if getattr(args, "numerics", None):
         return args.numerics
     try:
@@ -104,8 +105,8 @@ def numerics_mode(args) -> str:
 
 
 def set_threads(n: int) -> None:
-    """Threads and the CPU numerics main() pinned, set once for the verb (agentrl.numerics.enter)."""
-    from agentrl.numerics import enter
+    """Threads and the CPU numerics main() pinned, set once for the verb (agentrl.core.numerics.enter)."""
+    from agentrl.core.numerics import enter
     check_threads(n)
     enter(n, os.environ.get("AGENTRL_NUMERICS", "portable"))
 
@@ -120,9 +121,9 @@ def load_model(args, tok):
     base cloned now, deterministically). Never a silent substitute."""
     from agentrl.model.checkpoints import load_policy
     if args.quick_base:
-        from agentrl.config import BaseConfig
+        from agentrl.core.config import BaseConfig
         from agentrl.env.tasks import make_tasks
-        from agentrl.rl.starting import make_rl_base
+        from agentrl.starting.tinyagent import make_rl_base
         cfg = BaseConfig(demos_per_task=20, steps=80, teach_steps=40)
         return make_rl_base(tok, make_tasks("train"), cfg, seed=0)[0], "a quick base (cloned now)"
     path = _model_path(args)
@@ -130,7 +131,7 @@ def load_model(args, tok):
 
 
 def cmd_envcheck(args) -> int:
-    from agentrl.env.callers import environment_check
+    from agentrl.env.gym.callers import environment_check
     from agentrl.env.tasks import make_tasks
     res = environment_check(make_tasks("train"), episodes=args.episodes, seed=args.seed)
     print(f"environment check: {args.episodes} episodes per policy on the train tasks, renamed functions")
@@ -159,7 +160,7 @@ def check_config(args) -> tuple:
     """(RLConfig, threads) of a check: params.yaml's rl section with preflight.kl_coef and run.seed/threads, as the
     preflight stage reads them (library defaults where there is no params.yaml, e.g. a bare package copy), then
     --seed, --threads, --kl-coef and --rl KEY=VALUE on top."""
-    from agentrl.config import RLConfig, load_params
+    from agentrl.core.config import RLConfig, load_params
     overrides = dict(args.rl or [])
     unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
     if unknown:
@@ -176,7 +177,7 @@ def check_config(args) -> tuple:
 
 
 def cmd_check(args) -> int:
-    from agentrl.config import UserError
+    from agentrl.core.config import UserError
     try:
         cfg, threads = check_config(args)
         _model_path(args)
@@ -187,13 +188,13 @@ def cmd_check(args) -> int:
     import json
 
     import agentrl
+    from agentrl.core.seeding import generator
+    from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
-    from agentrl.env.tokenizer import build_tokenizer
     from agentrl.faults.registry import EXPECTED_FAILURES, seams_for
     from agentrl.rl.invariants import CHECKS, THRESHOLDS, failed_checks, margin, sanity_checks
     from agentrl.rl.rollout import sample_step
     from agentrl.rl.trainer import env_factory_for
-    from agentrl.seeding import generator
     tok = build_tokenizer(make_tasks("all"))
     seams = seams_for(args.bug)
     try:
@@ -225,20 +226,20 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.backend == "qwen3":
-        from agentrl.labs.bench import run_qwen3_bench
+        from agentrl.bench.hf import run_qwen3_bench
         set_threads(max(args.threads))
         return run_qwen3_bench(args)
     try:
         _model_path(args)
     except ValueError as exc:
         return fail(str(exc))
-    from agentrl.bench import compare_numerics, run_bench
+    from agentrl.bench.steps import compare_numerics, run_bench
     if args.numerics_compare:
         return compare_numerics(args)
     set_threads(max(args.threads))
-    from agentrl.config import UserError
+    from agentrl.core.config import UserError
+    from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
-    from agentrl.env.tokenizer import build_tokenizer
     tok = build_tokenizer(make_tasks("all"))
     try:
         model, source = load_model(args, tok)
@@ -270,13 +271,13 @@ def cmd_replay(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from agentrl.studies import run_study
+    from agentrl.studies.length import run_study
     return run_study(args)
 
 
 def cmd_research(args) -> int:
-    from agentrl.config import load_params
-    from agentrl.research import main
+    from agentrl.core.config import load_params
+    from agentrl.studies.research import main
     try:
         set_threads(load_params(["run"])["run"].threads)
     except ValueError as exc:
@@ -285,7 +286,7 @@ def cmd_research(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from agentrl.sweep.driver import main
+    from agentrl.pipeline.sweep.driver import main
     return main(args.stage, args.address, args.max_parallel)
 
 
@@ -331,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", help=f"policy checkpoint (default: {DEFAULT_MODEL})")
     b.add_argument("--quick-base", action="store_true", help="clone a small base now instead of loading one")
     b.add_argument("--profile", action="store_true", help="instead: cProfile of --steps training steps and one "
-                                                          "evaluation pass at the largest --threads (docs/performance.md)")
+                                                          "evaluation pass at the largest --threads "
+                                                          "(docs/performance.md)")
     b.add_argument("--numerics-compare", type=_int_at_least(1), metavar="ROUNDS",
                    help="instead: step time under portable and native numerics, each mode in its own process, "
                         "alternating for ROUNDS rounds (docs/numerics.md)")
@@ -382,7 +384,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    from agentrl.numerics import pin
+    from agentrl.core.numerics import pin
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,

@@ -2,15 +2,15 @@
 depends on the seed only (so arms with the same seed share the evaluation stream)."""
 import argparse
 
-from agentrl.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
-from agentrl.config import STARTS, UserError, read_params_file
+from agentrl.core.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
+from agentrl.core.config import STARTS, UserError, read_params_file
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.ablation import arm_config, run_instance
 from agentrl.model.checkpoints import load_for, save_policy
+from agentrl.pipeline.instances import ablation_instance
+from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
-from agentrl.instances import ablation_instance
-from agentrl.stage import entry, run_stage
 
 SECTIONS = ["model", "rl", "ablate"]
 # not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})

@@ -3,11 +3,20 @@ from the default arm (seed-averaged per-task rates, task bootstrap), the power t
 default arm at the main run's seed reproduces the main run's first steps exactly."""
 import torch
 
-from agentrl.artifacts import (ABLATE_DIR, CHECKPOINT_DIR, REPORTS, StageError, ablation_dir, checkpoint_path,
-                               read_json, write_json, write_metrics)
+from agentrl.core.artifacts import (
+    ABLATE_DIR,
+    CHECKPOINT_DIR,
+    REPORTS,
+    StageError,
+    ablation_dir,
+    checkpoint_path,
+    read_json,
+    write_json,
+    write_metrics,
+)
 from agentrl.eval.ablation_summary import summarize
 from agentrl.model.checkpoints import read_checkpoint
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["ablate"]
 INPUTS = [ABLATE_DIR, CHECKPOINT_DIR]

@@ -1,11 +1,11 @@
 """Stage base: the RL starting policy, behaviour-cloned from the scripted mixture on the train tasks."""
-from agentrl.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
+from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.model.checkpoints import save_policy
 from agentrl.model.policy import ModelConfig
-from agentrl.rl.starting import make_rl_base
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
+from agentrl.starting.tinyagent import make_rl_base
 
 SECTIONS = ["model", "base"]
 INPUTS = [TOKENIZER, SPLIT]

@@ -1,13 +1,23 @@
 """Stage behaviour: what the agent learned -- the starting policy and the chosen checkpoint re-evaluated on every
 held-out task from one stream: behaviour statistics, top tool sequences, first edit op per task, and one decoded
 failure transcript per bug family. The report renders reports/behaviour.json; it runs no model itself."""
-from agentrl.artifacts import (COUNT, CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
-                               write_json, write_metrics)
+from agentrl.core.artifacts import (
+    CHECKPOINT_DIR,
+    COUNT,
+    REPORTS,
+    SPLIT,
+    TOKENIZER,
+    checkpoint_path,
+    policy_path,
+    read_json,
+    write_json,
+    write_metrics,
+)
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.behaviour import what_was_learned
 from agentrl.model.checkpoints import load_for
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["tasks", "model", "rl", "behaviour"]
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}

@@ -1,17 +1,26 @@
-"""Stage faults: the fault catalogue (SPEC §8 item 9). A healthy reference and every failure of the debugging
+"""Stage faults: the fault catalogue (docs/guards.md). A healthy reference and every failure of the debugging
 chapter, all with the same seed and from the RL base (the length pair from its own start, stage length_start);
 per failure its healthy twin, the metric that exposes it, a signature check and a 2x2 dashboard panel."""
 import sys
 
-from agentrl.artifacts import FIGURES, REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_text, write_metrics
+from agentrl.core.artifacts import (
+    FIGURES,
+    REPORTS,
+    SPLIT,
+    TOKENIZER,
+    policy_path,
+    write_json,
+    write_metrics,
+    write_text,
+)
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.faults.catalogue import build_catalogue
 from agentrl.faults.markdown import figure_specs, mlflow_metrics, render_markdown, report_json, signature_table, verdict
 from agentrl.faults.signatures import signature_checks
 from agentrl.model.checkpoints import load_for
+from agentrl.pipeline.stage import run_stage
 from agentrl.report.figures import fault_panel
-from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "faults", "length"]
 READS = {"length": ["steps", "turns", "kl_coef", "tasks_per_step"]}

@@ -3,10 +3,10 @@ empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab 
 reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed)."""
 import argparse
 
-from agentrl.artifacts import DATA, REPORTS, write_json, write_text
-from agentrl.config import LABS, UserError, read_params_file
-from agentrl.instances import matrix_instance
-from agentrl.stage import entry, run_stage
+from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
+from agentrl.core.config import LABS, UserError, read_params_file
+from agentrl.pipeline.instances import matrix_instance
+from agentrl.pipeline.stage import entry, run_stage
 
 SECTIONS = ["rl", "lab"]
 

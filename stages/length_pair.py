@@ -3,14 +3,14 @@ training only, from the length start. A study outside the default pipeline (leng
 `dvc exp run -S 'length.seeds=[1,2,3]'` adds instances, `python -m agentrl study length-bias` summarizes them."""
 import argparse
 
-from agentrl.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, bundle_dir, policy_path, write_json
+from agentrl.core.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, bundle_dir, policy_path, write_json
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.faults.length import length_pair_row
 from agentrl.model.checkpoints import load_for
+from agentrl.pipeline.instances import length_pair_instance
+from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
-from agentrl.instances import length_pair_instance
-from agentrl.stage import entry, run_stage
 
 SECTIONS = ["model", "rl", "length"]
 READS = {"run": ["threads", "numerics"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}

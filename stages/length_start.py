@@ -1,13 +1,13 @@
 """Stage length_start: the length-bias pair's starting policy, cloned with the RL base's recipe and seed from a
 mixture that reads, tests every repair and, after a failed test, keeps calling tools (length.p_*)."""
-from agentrl.artifacts import SPLIT, TOKENIZER, policy_path
+from agentrl.core.artifacts import SPLIT, TOKENIZER, policy_path
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.faults.length import length_start_config
 from agentrl.model.checkpoints import save_policy
 from agentrl.model.policy import ModelConfig
-from agentrl.rl.starting import make_rl_base
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
+from agentrl.starting.tinyagent import make_rl_base
 
 SECTIONS = ["model", "base", "length"]
 READS = {"length": ["p_read", "p_test", "p_give_up", "p_hardcode", "p_persist"]}

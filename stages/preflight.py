@@ -4,18 +4,27 @@ A gate: exits non-zero (so nothing downstream runs) if the clean trainer fails a
 fault escapes the invariant expected to catch it."""
 from dataclasses import replace
 
-from agentrl.artifacts import (DATA, FIGURES, REPORTS, SPLIT, TOKENIZER, StageError, policy_path, write_json,
-                               write_metrics)
+from agentrl.core.artifacts import (
+    DATA,
+    FIGURES,
+    REPORTS,
+    SPLIT,
+    TOKENIZER,
+    StageError,
+    policy_path,
+    write_json,
+    write_metrics,
+)
+from agentrl.core.seeding import generator, stream_seed
+from agentrl.env.gym.callers import environment_check
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
-from agentrl.env.callers import environment_check
 from agentrl.faults.preflight import fault_matrix
 from agentrl.model.checkpoints import load_for
+from agentrl.pipeline.stage import run_stage
 from agentrl.report.figures import check_matrix
 from agentrl.rl.rollout import sample_step
 from agentrl.rl.trainer import env_factory_for
-from agentrl.seeding import generator, stream_seed
-from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "preflight"]
 INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
@@ -47,7 +56,8 @@ def body(ctx):
                                            for k, v in out["clean"].items()))
     for b in rows:
         print(f"preflight: {b:15s} fails {out['failed'][b] or '-'} (expected {out['expected'][b] or '-'})")
-    print(f"preflight: environment: expert {env['expert']['mean_reward']:.3f}, random {env['random']['mean_reward']:.3f}")
+    print(f"preflight: environment: expert {env['expert']['mean_reward']:.3f}, "
+          f"random {env['random']['mean_reward']:.3f}")
     if out["gate"] != "passed":
         clean = out["failed"]["None"]
         errors = {k: v["error"] for k, v in out["clean"].items() if "error" in v}

@@ -1,10 +1,10 @@
 """Stage report: reports/capstone.md with its figures (reports/figures/capstone/), reports/capstone.json (the numbers
 the report computes itself) and reports/capstone_sources.json (every number in the markdown with the
 `<file>.json:<path>` it was read from). It renders stage outputs only; all logic lives in agentrl.report."""
-from agentrl.config import SECTIONS as PARAM_SECTIONS
+from agentrl.core.config import SECTIONS as PARAM_SECTIONS
+from agentrl.pipeline.stage import run_stage
 from agentrl.report.build import build
 from agentrl.report.compute import CAPSTONE, FIG_DIR, MARKDOWN, input_paths
-from agentrl.stage import run_stage
 
 SECTIONS = list(PARAM_SECTIONS)   # the pinned configuration: every section (no tensor work: no thread setting)
 

@@ -1,16 +1,16 @@
 """Stage select: the checkpoint with the highest validation pass rate (ties to the earlier one), every checkpoint
 listed with its task-bootstrap 95% interval; with select.stop_* set, where each stopping rule would have stopped
 and what it would have cost (agentrl.eval.stopping; the choice stays the full run's)."""
-from agentrl.artifacts import COUNT, POSITIVE, RATE, REPORTS, read_json, write_json, write_metrics
+from agentrl.core.artifacts import COUNT, POSITIVE, RATE, REPORTS, read_json, write_json, write_metrics
+from agentrl.core.seeding import stream_seed
 from agentrl.eval.selection import checkpoint_rows, choose
 from agentrl.eval.stopping import stopping_report
-from agentrl.seeding import stream_seed
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["run", "select"]
 READS = {"run": ["seed"]}   # bootstrap seeds; no tensor work, so no thread count
 INPUTS = [REPORTS / "train.json", REPORTS / "train_dashboard.json"]
-# what the stage reads of them (agentrl.artifacts.shape_problem): anything else is one line before any output
+# what the stage reads of them (agentrl.core.artifacts.shape_problem): anything else is one line before any output
 TRAIN_SHAPE = {"checkpoints": [{"step": COUNT, "pass_rate": RATE[0], "per_task": {str: {"n": POSITIVE, "c": COUNT}}}]}
 DASHBOARD_SHAPE = [{"step": COUNT, "zero_adv_frac": RATE}]
 

@@ -1,14 +1,14 @@
 """Stage sft: the SFT cold start (one oracle demonstration per train task), and both starting policies described."""
 import copy
 
-from agentrl.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
+from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
+from agentrl.core.seeding import generator
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.evaluation import DESCRIBE_GROUP_SIZE, describe
 from agentrl.model.checkpoints import load_for, save_policy
-from agentrl.rl.starting import oracle_demos, train_sft
-from agentrl.seeding import generator
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
+from agentrl.starting.tinyagent import oracle_demos, train_sft
 
 SECTIONS = ["model", "rl", "sft"]
 READS = {"rl": ["max_turns", "max_call_tokens", "rename"]}  # the episode rules describe() samples under

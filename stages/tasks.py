@@ -1,8 +1,8 @@
 """Stage tasks: the task catalogue, the train/validation/test split and the tokenizer vocabulary."""
-from agentrl.artifacts import SPLIT, TASKS_DIR, TOKENIZER, write_json
+from agentrl.core.artifacts import SPLIT, TASKS_DIR, TOKENIZER, write_json
+from agentrl.env.gym.tokenizer import build_tokenizer
 from agentrl.env.tasks import make_tasks
-from agentrl.env.tokenizer import build_tokenizer
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["tasks"]
 

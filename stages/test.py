@@ -1,15 +1,25 @@
 """Stage test: the starting policy and the chosen checkpoint, once each, on the test tasks: per-task counts,
 pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference. When select
 reported stopping rules, the checkpoint each rule would have picked too, with its test cost against the chosen."""
-from agentrl.artifacts import (COUNT, CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, checkpoint_path, policy_path, read_json,
-                               write_json, write_metrics)
+from agentrl.core.artifacts import (
+    CHECKPOINT_DIR,
+    COUNT,
+    REPORTS,
+    SPLIT,
+    TOKENIZER,
+    checkpoint_path,
+    policy_path,
+    read_json,
+    write_json,
+    write_metrics,
+)
+from agentrl.core.seeding import generator, stream_seed
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.stats import counts_summary, paired_bootstrap_diff
 from agentrl.model.checkpoints import load_for
-from agentrl.seeding import generator, stream_seed
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["model", "rl", "test"]
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}  # the episode rules and the sampler
@@ -29,7 +39,8 @@ def body(ctx):
     out = {"tasks": [t.name for t in split["test"]], "episodes_per_task": cfg.episodes_per_task, "ks": cfg.ks,
            "alpha": cfg.alpha, "chosen_step": step}
     for name, model in models.items():  # one stream for all: paired comparisons
-        res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"), rl)
+        res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"),
+                       rl)
         counts = {t: (v["n"], v["c"]) for t, v in res["per_task"].items()}
         out[name] = counts_summary(counts, cfg.ks, cfg.n_boot, cfg.alpha, stream_seed(ctx.seed, "test-ci", name))
     names = list(out["start"]["per_task"])

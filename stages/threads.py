@@ -2,17 +2,28 @@
 differ, how far apart are the parameters at the end, and what does it do to held-out pass rates?"""
 import torch
 
-from agentrl.artifacts import (CHECKPOINT_DIR, REPORTS, SPLIT, TOKENIZER, StageError, bundle_dir, checkpoint_path, policy_path,
-                               read_json, write_json, write_metrics)
+from agentrl.core.artifacts import (
+    CHECKPOINT_DIR,
+    REPORTS,
+    SPLIT,
+    TOKENIZER,
+    StageError,
+    bundle_dir,
+    checkpoint_path,
+    policy_path,
+    read_json,
+    write_json,
+    write_metrics,
+)
+from agentrl.core.seeding import generator
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.reproducibility import first_divergent_step, max_param_diff
 from agentrl.model.checkpoints import load_for, read_checkpoint
+from agentrl.pipeline.stage import run_stage
 from agentrl.rl.guards import BundleGuard
 from agentrl.rl.trainer import train
-from agentrl.seeding import generator
-from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "threads"]
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "train_dashboard.json"]

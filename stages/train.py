@@ -7,15 +7,16 @@ this run's params and inputs have been validated and loaded.
 import sys
 import time
 
-from agentrl.artifacts import DATA, REPORTS, SPLIT, TOKENIZER, TRAIN_DIR, policy_path, write_json, write_metrics
+from agentrl.core.artifacts import DATA, REPORTS, SPLIT, TOKENIZER, TRAIN_DIR, policy_path, write_json, write_metrics
+from agentrl.core.seeding import generator
+from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.env.tokenizer import load_tokenizer
-from agentrl.eval.validation import CheckpointHook, ResumeClock, clear_checkpoints, read_resume, resume_point
+from agentrl.eval.evaluation import validator
 from agentrl.model.checkpoints import load_for
+from agentrl.pipeline.stage import run_stage
 from agentrl.rl.guards import BundleGuard
+from agentrl.rl.resume import CheckpointHook, ResumeClock, clear_checkpoints, read_resume, resume_point
 from agentrl.rl.trainer import Hook, make_optimizer, train
-from agentrl.seeding import generator
-from agentrl.stage import run_stage
 
 SECTIONS = ["model", "rl", "train"]
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), DATA / "preflight" / "gate.json"]
@@ -59,8 +60,8 @@ def body(ctx):
     ctx.run.previous_seconds = clock.seconds
     ctx.run.previous_runs = sorted(set(ctx.run.previous_runs) | set(before.get("runs", [])))
     hooks = [Progress(tcfg.steps, cfg.group_size * cfg.tasks_per_step), BundleGuard(TRAIN_DIR / "bundles", cfg),
-             CheckpointHook(tok, split["validation"], cfg, tcfg.steps, tcfg.checkpoint_every, tcfg.eval_per_task,
-                            ctx.seed, validation, ctx.run.log_metrics), clock]
+             CheckpointHook(tok, validator(split["validation"], tok, cfg, tcfg.eval_per_task, ctx.seed), tcfg.steps,
+                            tcfg.checkpoint_every, validation, ctx.run.log_metrics), clock]
     if start < tcfg.steps:
         history = train(model, split["train"], tok, cfg, tcfg.steps, hooks=hooks, generator=gen, optimizer=optimizer,
                         history=history, start_step=start)
@@ -68,7 +69,7 @@ def body(ctx):
     ctx.run.log_history(history)
     write_json(REPORTS / "train_dashboard.json", history)
     n = min(WINDOW, len(history))
-    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)
     write_json(REPORTS / "train.json", {
         "steps": tcfg.steps, "checkpoint_every": tcfg.checkpoint_every,
         "validation_tasks": [t.name for t in split["validation"]], "eval_per_task": tcfg.eval_per_task,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.numerics import pin
+from agentrl.core.numerics import pin
 
 # the pipeline's default CPU numerics, before torch loads: byte-compared fixtures hold on every machine class
 # (override: AGENTRL_TEST_NUMERICS=native)
@@ -65,7 +65,7 @@ def train_tasks():
 
 @pytest.fixture(scope="session")
 def tok(all_tasks):
-    from agentrl.env.tokenizer import build_tokenizer
+    from agentrl.env.gym.tokenizer import build_tokenizer
     return build_tokenizer(all_tasks)
 
 
@@ -88,8 +88,8 @@ def random_model(tok):
 
 
 def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
-    from agentrl.env.callers import RandomCaller, run_scripted
-    from agentrl.env.gym import make_env_factory
+    from agentrl.env.gym.callers import RandomCaller, run_scripted
+    from agentrl.env.gym.environment import make_env_factory
     from agentrl.rl.rollout import Trajectory
     gen = torch.Generator().manual_seed(seed)
     factory = make_env_factory(max_turns=6, reward="hidden", rename=True)
@@ -105,7 +105,7 @@ def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
 
 @pytest.fixture(scope="session")
 def quick_base(tok, train_tasks):
-    from agentrl.rl.starting import train_sft
+    from agentrl.starting.tinyagent import train_sft
     model = _fresh_model(tok, 0, emb_std=1.0)
     demos = _random_caller_trajectories(tok, train_tasks, per_task=1, seed=0)
     train_sft(model, demos, tok, steps=30, lr=1e-2)
@@ -117,7 +117,7 @@ def quick_base(tok, train_tasks):
 def rl_base(tok, train_tasks):
     """The pipeline's RL base: make_rl_base with the library defaults (which params.yaml pins, see
     test_params.py), seed 0. At 2 threads this is bit-identical to the base `dvc repro` builds."""
-    from agentrl.rl.starting import make_rl_base
+    from agentrl.starting.tinyagent import make_rl_base
     model, _ = make_rl_base(tok, train_tasks, seed=0)
     return model
 
@@ -125,9 +125,9 @@ def rl_base(tok, train_tasks):
 @pytest.fixture(scope="session")
 def length_start(tok, train_tasks):
     """The fault catalogue's length-pair start with the library defaults, seed 0 (as the faults stage builds it)."""
+    from agentrl.core.config import BaseConfig, LengthConfig
     from agentrl.faults.length import length_start_config
-    from agentrl.config import BaseConfig, LengthConfig
-    from agentrl.rl.starting import make_rl_base
+    from agentrl.starting.tinyagent import make_rl_base
     model, _ = make_rl_base(tok, train_tasks, length_start_config(BaseConfig(), LengthConfig()), seed=0)
     return model
 

@@ -12,22 +12,19 @@ PKG = REPO / "agentrl"
 MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
-    ["agentrl.config", "agentrl.knobs", "agentrl.numerics", "agentrl.seeding", "agentrl.artifacts", "agentrl.boundary",
-     "agentrl.strict_yaml", "agentrl"],
-    ["agentrl.env", "agentrl.sandbox"],
-    ["agentrl.tools"],
+    ["agentrl.core", "agentrl"],
+    ["agentrl.tracking"],
+    ["agentrl.env"],
     ["agentrl.model"],
     ["agentrl.backends"],
     ["agentrl.rl"],
-    ["agentrl.eval"],
+    ["agentrl.starting", "agentrl.eval"],
     ["agentrl.faults"],
     ["agentrl.labs"],
-    ["agentrl.tracking"],
     ["agentrl.report"],
-    ["agentrl.stage", "agentrl.instances", "agentrl.studies", "agentrl.research", "agentrl.research_markdown", "agentrl.bench",
-     "agentrl.sweep", "agentrl.cli", "agentrl.__main__"],
+    ["agentrl.studies", "agentrl.bench", "agentrl.pipeline"],
+    ["agentrl.cli", "agentrl.__main__"],
 ]
-
 
 def modules() -> dict[str, Path]:
     out = {}

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from agentrl.backends.base import PolicyBackend
 from agentrl.backends.registry import BACKENDS, backend, from_description, save
-from agentrl.config import ConfigError, RLConfig
+from agentrl.core.config import ConfigError, RLConfig
 from agentrl.env.formats import GymWords, conversation
 from agentrl.rl.invariants import failed_checks, sanity_checks
 from agentrl.rl.rollout import collate, sample_step
@@ -67,7 +67,7 @@ def test_at_temperature_one_the_division_is_exact(quick_base):
 
 @pytest.mark.parametrize("temperature, seed", [(0.8, 0), (1.25, 1)])   # seeds whose batch has a reward spread
 def test_sampler_and_trainer_share_the_temperature(quick_base, tok, train_tasks, temperature, seed):
-    """SPEC §12: sampling is the distribution the trainer differentiates, so the sampler-trainer gap stays at
+    """Sampling is the distribution the trainer differentiates, so the sampler-trainer gap stays at
     rounding level and all nine invariants hold away from temperature 1 (before the trainer applied the
     temperature, invariant 2 failed at 0.8 with a gap of 0.92 nats)."""
     cfg = replace(SMALL, temperature=temperature)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import SECTIONS, ConfigError, ParamsError, load_params
+from agentrl.core.config import SECTIONS, ConfigError, ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_cli_bad_arguments_are_one_line(argv, fragment):
 
 
 def test_a_looping_candidate_program_fails_its_tests_and_the_episode_goes_on():
-    from agentrl.env import gym
+    from agentrl.env.gym import environment as gym
     from agentrl.env.tasks import Task
     looping = Task("loop/forever", "loop", "spin", "def spin(n):\n    while True:\n        n += 1\n",
                    (((1,), 1),), (((2,), 2),), "fix_init", "train")
@@ -88,7 +88,7 @@ def test_a_looping_candidate_program_fails_its_tests_and_the_episode_goes_on():
 
 
 def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
-    from agentrl.artifacts import StageError
+    from agentrl.core.artifacts import StageError
     from agentrl.env.tasks import load_split
     from agentrl.rl.rollout import choose_tasks
     (tmp_path / "split.json").write_text(json.dumps({"train": [], "validation": ["minmax/peak"],
@@ -104,7 +104,7 @@ def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
     (b"[1, 2]", "expected an object"), (b'{"train": ["nope/x"], "validation": ["a"], "test": ["b"]}', "unknown task"),
 ])
 def test_a_bad_split_file_is_one_line(tmp_path, content, fragment):
-    from agentrl.artifacts import StageError
+    from agentrl.core.artifacts import StageError
     from agentrl.env.tasks import load_split
     (tmp_path / "split.json").write_bytes(content)
     with pytest.raises(StageError) as err:
@@ -114,8 +114,8 @@ def test_a_bad_split_file_is_one_line(tmp_path, content, fragment):
 
 @pytest.mark.parametrize("content", [b'{"vocab": 3}', b'{"vocab": ["a", "b"]}', b"{broken", b'{"vocab": [1, 2]}'])
 def test_a_bad_tokenizer_file_is_one_line(tmp_path, content):
-    from agentrl.artifacts import StageError
-    from agentrl.env.tokenizer import load_tokenizer
+    from agentrl.core.artifacts import StageError
+    from agentrl.env.gym.tokenizer import load_tokenizer
     (tmp_path / "tokenizer.json").write_bytes(content)
     with pytest.raises(StageError) as err:
         load_tokenizer(tmp_path / "tokenizer.json")
@@ -136,6 +136,6 @@ def test_an_unreachable_or_corrupted_store_is_named_within_seconds(tmp_path):
 
 
 def test_a_config_object_cannot_be_built_invalid():
-    from agentrl.config import RLConfig
+    from agentrl.core.config import RLConfig
     with pytest.raises(ConfigError, match="RLConfig.lr"):
         RLConfig(lr=float("inf"))

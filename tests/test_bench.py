@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from agentrl.bench import OP_GROUPS, full_recompute_episodes, one_step_of_envs, sampler_op_shares
-from agentrl.config import RLConfig
+from agentrl.bench.steps import OP_GROUPS, full_recompute_episodes, one_step_of_envs, sampler_op_shares
+from agentrl.core.config import RLConfig
 from agentrl.rl.rollout import sample_episodes
 from agentrl.rl.trainer import env_factory_for
 

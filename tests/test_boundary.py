@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl import boundary
-from agentrl.config import UserError
+from agentrl.core import boundary
+from agentrl.core.config import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def _runs():
 
 
 def _stage(body):
-    from agentrl.stage import run_stage
+    from agentrl.pipeline.stage import run_stage
     with pytest.raises(SystemExit) as exit_:
         run_stage("probe", ["select"], ["data/in.json"], body, numeric=False)
     return exit_.value.code
@@ -132,7 +132,7 @@ def test_a_long_message_stays_one_bounded_line():
 
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
-    from agentrl import artifacts
+    from agentrl.core import artifacts
     target = tmp_path / "out.json"
     artifacts.write_json(target, {"v": 1})
 
@@ -160,7 +160,7 @@ def test_a_cli_verb_that_crashes_is_one_line_and_exit_1(monkeypatch, capsys, tmp
 SLEEPER = """
 import sys, time
 sys.path.insert(0, REPO)
-from agentrl.stage import run_stage
+from agentrl.pipeline.stage import run_stage
 def body(ctx):
     print("started", flush=True)
     time.sleep(60)

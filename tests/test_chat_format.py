@@ -2,7 +2,6 @@
 parser never crashes and calls everything but one well-formed call malformed; the tool-response block is the
 template's own (a block that loses the `\\n` after `<|im_end|>`, or history re-rendered by the template, fails the
 token-in/token-out assertions); the small Qwen3 plays the gym through it with the sampler and trainer agreeing."""
-import json
 from pathlib import Path
 
 import pytest
@@ -54,7 +53,7 @@ def test_anything_else_is_a_malformed_call(label):
 
 
 def test_the_gym_counts_a_malformed_call_as_invalid_and_the_turn_is_used(train_tasks):
-    from agentrl.env.gym import make_env_factory
+    from agentrl.env.gym.environment import make_env_factory
     env = make_env_factory()(train_tasks[0], torch.Generator().manual_seed(0))
     env.reset()
     assert env.step(parse_tool_call(BAD["two calls"])) is not None
@@ -107,7 +106,7 @@ def test_rerendering_the_history_is_not_the_sampled_conversation(chat, train_tas
     """Two turns played token-in/token-out, then the same conversation re-rendered by the template: the re-render
     drops the first turn's empty think block, so it would rewrite sampled ids, and assert_extends refuses it."""
     from agentrl.env.chat import TokenInTokenOutError, observation_text
-    from agentrl.env.gym import make_env_factory
+    from agentrl.env.gym.environment import make_env_factory
     env = make_env_factory()(train_tasks[0], torch.Generator().manual_seed(0))
     ids = chat.prompt(env)
     turn = chat.turn_ids("read", {})
@@ -137,7 +136,7 @@ def test_the_small_qwen3_plays_the_gym_through_the_template(chat, train_tasks, t
     """Whole episodes sampled by the backend's cached sampler in the chat format: sampled ids kept as sampled, the
     sampler-trainer gap at most 1e-5 nats per token, and every episode ends on the policy's own token."""
     from agentrl.backends.qwen3 import make_small_qwen3
-    from agentrl.env.gym import make_env_factory
+    from agentrl.env.gym.environment import make_env_factory
     from agentrl.rl.rollout import OWNER, collate, sample_episodes
     from agentrl.rl.trainer import real_log_probs
     model = make_small_qwen3(tmp_path / "m", torch.Generator().manual_seed(0), TOKENIZER)

@@ -3,13 +3,13 @@ the environment's turns, counters and reward, and the scripted expert."""
 import pytest
 import torch
 
+from agentrl.env.coding import calls
+from agentrl.env.coding.bash import run_bash
+from agentrl.env.coding.environment import ToolsEnv, claims_success, make_tools_env_factory
+from agentrl.env.coding.expert import expert_calls, fix_edit, play
+from agentrl.env.coding.repository import Repository, public_test_file, renamed_source
+from agentrl.env.coding.schemas import TOOL_NAMES, TOOL_SCHEMAS, check_call
 from agentrl.env.tasks import make_tasks, task_by_name
-from agentrl.tools import calls
-from agentrl.tools.bash import run_bash
-from agentrl.tools.environment import ToolsEnv, claims_success, make_tools_env_factory
-from agentrl.tools.expert import expert_calls, fix_edit, play
-from agentrl.tools.repository import Repository, public_test_file, renamed_source
-from agentrl.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS, check_call
 
 TASK = task_by_name("init/total")   # def total(xs):\n    s = 1\n    for x in xs: s += x\n    return s\n
 
@@ -24,7 +24,7 @@ def test_the_repository_holds_the_renamed_source_and_the_public_tests_only(repo)
     assert repo.files["golf.py"] == "def golf(xs):\n    s = 1\n    for x in xs: s += x\n    return s\n"
     tests = repo.files["test_golf.py"]
     assert tests.startswith("from golf import golf\n") and tests.count("def test_golf_") == len(TASK.public)
-    for args, expected in TASK.hidden:   # no hidden case is in the repository
+    for args, _ in TASK.hidden:   # no hidden case is in the repository
         assert f"golf({', '.join(map(repr, args))})" not in tests
     assert renamed_source("def f(n):\n    return f(n - 1)\n", "f", "kilo") == "def kilo(n):\n    return kilo(n - 1)\n"
 

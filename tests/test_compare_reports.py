@@ -65,7 +65,7 @@ def test_a_paired_interval_that_now_includes_zero_changes_a_conclusion(trees):
 @pytest.mark.slow
 def test_the_verb_exit_codes(trees, tmp_path):
     a, b = trees
-    run = lambda *args: subprocess.run([sys.executable, "-m", "agentrl", "compare-reports", *map(str, args)],  # noqa
+    run = lambda *args: subprocess.run([sys.executable, "-m", "agentrl", "compare-reports", *map(str, args)],
                                        capture_output=True, text=True, cwd=REPO)
     same = run(a, b)
     assert same.returncode == 0 and "verdict: identical" in same.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.config import FaultsConfig, LengthConfig, RLConfig
+from agentrl.core.config import FaultsConfig, LengthConfig, RLConfig
 from agentrl.faults import catalogue as cat
 from agentrl.faults import history as hist
 from agentrl.faults import length as ln
@@ -72,7 +72,8 @@ def test_run_configs_follow_the_faults_params():
     cfg = {n: cat.run_config(specs[n], RL, params) for n in specs}
     steps = {n: cat.run_steps(specs[n], params) for n in specs}
     assert cfg["healthy"] == RL and steps["healthy"] == f.steps
-    assert cfg["ref_is_policy"].kl_coef == cfg["kl"].kl_coef == f.kl_coef and specs["ref_is_policy"].bug == "ref_is_policy"
+    assert cfg["ref_is_policy"].kl_coef == cfg["kl"].kl_coef == f.kl_coef
+    assert specs["ref_is_policy"].bug == "ref_is_policy"
     assert cfg["lr_high"].lr == f.high_lr and steps["lr_high"] == steps["sign_flip"] == f.short_steps
     assert cfg["public"].reward == "public"
     assert cfg["length_bias"].loss_mode == "seq_mean_token_mean" and cfg["length_twin"].loss_mode == "token_mean"
@@ -92,7 +93,7 @@ def test_run_configs_follow_the_faults_params():
 
 
 def test_length_start_is_the_base_recipe_with_the_length_knobs():
-    from agentrl.config import BaseConfig, ConfigError
+    from agentrl.core.config import BaseConfig, ConfigError
     knobs = {"read": 0.8, "test": 0.7, "give_up": 0.2, "hardcode": 0.1, "persist": 0.5}
     b, lc = BaseConfig(), LengthConfig(**{f"p_{k}": v for k, v in knobs.items()})
     start = ln.length_start_config(b, lc)
@@ -329,8 +330,8 @@ def test_common_random_numbers_for_evaluation(short_catalogue):
 # ---------------------------------------------------------------- the outputs
 
 def test_outputs_render(short_catalogue, tmp_path):
+    from agentrl.core.artifacts import read_json, write_json
     from agentrl.report.figures import fault_panel
-    from agentrl.artifacts import read_json, write_json
     runs, checks = short_catalogue["runs"], short_catalogue["checks"]
     assert set(checks) == set(cat.FAILURES)
     figures = {}

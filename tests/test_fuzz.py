@@ -63,8 +63,8 @@ def ws(tmp_path_factory, store_template):
            "AGENTRL_LOG_DIR": str(root.parent / "logs")}
     with inside(root, env):
         assert entry("tasks")[0] == 0
-        from agentrl.artifacts import policy_path
-        from agentrl.env.tokenizer import load_tokenizer
+        from agentrl.core.artifacts import policy_path
+        from agentrl.env.gym.tokenizer import load_tokenizer
         from agentrl.model.checkpoints import save_policy
         from agentrl.model.policy import ModelConfig, TinyAgent
         tok = load_tokenizer()
@@ -112,7 +112,7 @@ def restore(root: Path, pristine: Path) -> None:
 
 def entry(stage: str, door: bool = False) -> tuple[int, str, list]:
     """Run stages/<stage>.py as its __main__ does (door: with a body that only records what it was given)."""
-    import agentrl.stage as stage_mod
+    import agentrl.pipeline.stage as stage_mod
     reached, real = [], stage_mod.run_stage
 
     def door_run_stage(name, sections, inputs, body, **kw):
@@ -162,7 +162,8 @@ SHELLISH = st.sampled_from(["x;touch pwned;true", "$(id)", "`id`", "a b", "'", '
 NUMBERS = st.sampled_from([0, -1, 1, 2, 2**63, 2**64 - 1, 2**64, -2**64, 10**40, 0.0, -0.0, 1e-308, 1e308,
                            float("inf"), float("-inf"), float("nan"), 0.5, 1.0, 1.5, 100])
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
-VALUES = st.one_of(st.none(), st.booleans(), NUMBERS, st.integers(), st.floats(), SHELLISH, TEXT, st.lists(st.one_of(NUMBERS, SHELLISH), max_size=3),
+VALUES = st.one_of(st.none(), st.booleans(), NUMBERS, st.integers(), st.floats(), SHELLISH, TEXT,
+                   st.lists(st.one_of(NUMBERS, SHELLISH), max_size=3),
                    st.dictionaries(st.one_of(SHELLISH, TEXT), st.one_of(NUMBERS, st.none()),
                                    max_size=2))
 

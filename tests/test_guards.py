@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import Diverged, RLConfig
+from agentrl.core.config import Diverged, RLConfig
 from agentrl.rl.guards import LIMITS, BundleGuard, divergence, replay_bundle, same_stats
 
 REPO = Path(__file__).resolve().parents[1]

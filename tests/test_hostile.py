@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.env.coding.environment import ToolsEnv
+from agentrl.env.coding.expert import expert_calls, play
+from agentrl.env.coding.sandbox.launch import HOST_UID, Limits
 from agentrl.env.tasks import task_by_name
-from agentrl.sandbox.launch import HOST_UID, Limits
-from agentrl.tools.environment import ToolsEnv
-from agentrl.tools.expert import expert_calls, play
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "params.yaml"
@@ -127,14 +127,14 @@ def test_writing_100_mib(guard):
 
 @pytest.mark.slow
 def test_writing_outside_the_directory(guard):
-    for target in ("/tmp/x", str(PARAMS), "/sandbox/../tmp/x", "/harness/boot.py"):
+    for target in ("/tmp/x", str(PARAMS), "/env/coding/sandbox/../tmp/x", "/harness/boot.py"):
         obs, _ = run_program(f"open({target!r}, 'w').write('owned')\n")
         assert ("FileNotFoundError" in obs or "Read-only file system" in obs or "PermissionError" in obs), obs
 
 
 @pytest.mark.slow
 def test_reading_the_project_and_etc_shadow(guard):
-    for target in (str(PARAMS), str(REPO / "agentrl" / "config.py"), "/etc/shadow", "/etc/passwd",
+    for target in (str(PARAMS), str(REPO / "agentrl" / "core/config.py"), "/etc/shadow", "/etc/passwd",
                    "/proc/1/environ"):
         obs, _ = run_program(f"print(open({target!r}).read())\n")
         assert "FileNotFoundError" in obs, obs
@@ -162,10 +162,10 @@ def test_a_tcp_connection_to_a_local_listener_and_a_dns_lookup(guard):
 @pytest.mark.slow
 def test_killing_the_parent(guard):
     code = ("import os, signal\n"
-            "for pid in (os.getppid(), 1, %d, -1):\n"
+            f"for pid in (os.getppid(), 1, {os.getpid()}, -1):\n"
             "    try:\n        os.kill(pid, signal.SIGKILL)\n"
             "    except OSError as exc:\n        print(pid, type(exc).__name__)\n"
-            "print('still here')\n") % os.getpid()
+            "print('still here')\n")
     obs, _ = run_program(code)
     assert "1 PermissionError" in obs                     # its parent is the namespace's init, another uid
     assert f"{os.getpid()} ProcessLookupError" in obs      # this process is outside its PID namespace

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import UserError
-from agentrl.instances import ablation_instance, length_pair_instance
+from agentrl.core.config import UserError
+from agentrl.pipeline.instances import ablation_instance, length_pair_instance
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The one training loop and its seams: hooks never perturb training, a fault is only its seam overrides, the nine
-invariants catch every registered fault (the matrix of SPEC §6, cell by cell), guards stop on non-finite values
+invariants catch every registered fault (the fault matrix, cell by cell), guards stop on non-finite values
 and their bundles replay exactly, `git bisect run python -m agentrl check` finds a commit that breaks the trainer,
 and the dashboard's fail_turn_limit says how much of length_fail is failures that ran out of turns."""
 import copy
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.config import KL_KINDS, LOSS_MODES, RLConfig
+from agentrl.core.config import KL_KINDS, LOSS_MODES, RLConfig
 from agentrl.env.tasks import make_tasks
 from agentrl.faults.registry import BUGS, EXPECTED_FAILURES, FAULTS, seams_for
 from agentrl.rl.guards import BundleGuard, replay_bundle, same_stats
@@ -211,8 +211,8 @@ def test_references_agree_with_the_correct_trainer(quick_base, tok, small_batch)
     for setting in settings:
         cfg = RLConfig(kl_coef=0.1, entropy_coef=0.1, **setting)
         grads = []
-        for loss_fn in (lambda m: minibatch_loss(m, batch, old, ref, cfg)[0],
-                        lambda m: refs.minibatch_loss(m, batch, old, ref, cfg)):
+        for loss_fn in (lambda m, cfg=cfg: minibatch_loss(m, batch, old, ref, cfg)[0],
+                        lambda m, cfg=cfg: refs.minibatch_loss(m, batch, old, ref, cfg)):
             m = copy.deepcopy(quick_base)
             loss_fn(m).backward()
             grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]).double())
@@ -225,12 +225,12 @@ def test_padding_and_gradient_checks_hold_in_every_loss_mode(quick_base, tok, sm
     with padding. (Every full combination: the slow test below.)"""
     from agentrl.rl.invariants import check_gradient, check_padding, passes
     from agentrl.rl.objectives import aggregate_loss
-    from agentrl.rl.trainer import minibatch_slices, mb_view, prepare_batch
+    from agentrl.rl.trainer import mb_view, minibatch_slices, prepare_batch
     for mode, kind in [(m, "k3") for m in LOSS_MODES] + [("token_mean", k) for k in KL_KINDS if k != "k3"]:
         cfg = RLConfig(group_size=4, tasks_per_step=2, loss_mode=mode, kl_kind=kind, kl_coef=0.1)
         batch = prepare_batch(small_batch, tok, cfg)
         pad = check_padding(quick_base, small_batch, tok, cfg, SEAMS, batch,
-                            lambda w=None: prepare_batch(small_batch, tok, cfg, SEAMS, w))
+                            lambda w=None, cfg=cfg: prepare_batch(small_batch, tok, cfg, SEAMS, w))
         grad = check_gradient(quick_base, mb_view(batch, minibatch_slices(8, 2)[0]), cfg, SEAMS)
         assert passes("padding_invariance", pad["padding_invariance"]), (mode, kind, pad)
         assert passes("accumulation", grad["accumulation"]), (mode, kind, grad)
@@ -261,7 +261,8 @@ NUMERIC = [("clip_eps_high", 0.28, None, None), ("clip_eps_low", 0.1, "clip_eps_
            ("epochs", 2, None, None), ("curriculum_window", 3, "curriculum", "pass_rate"),
            ("ratio_level", "sequence", "loss_mode", "seq_mean_token_mean")]   # GSPO as its papers run it
 KNOBS = [("loss_mode", m, "kl_kind", k) for m in LOSS_MODES for k in KL_KINDS] + \
-        [(name, value, None, None) for name, value in _enumerated_rl_knobs() if name not in ("loss_mode", "kl_kind")] + \
+        [(name, value, None, None) for name, value in _enumerated_rl_knobs()
+         if name not in ("loss_mode", "kl_kind")] + \
         NUMERIC
 
 

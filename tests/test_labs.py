@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.config import ParamsError, load_section
-from agentrl.env.callers import call_tokens
-from agentrl.labs.cloning import call_arguments
+from agentrl.core.config import ParamsError, load_section
+from agentrl.env.gym.callers import call_tokens
+from agentrl.starting.chat import call_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
@@ -30,7 +30,7 @@ def test_a_bad_lab_value_is_one_line_naming_it(key, value, message):
 
 
 def test_the_lab_is_outside_the_default_pipeline(repo_root):
-    from agentrl.config import read_params_file
+    from agentrl.core.config import read_params_file
     assert read_params_file(repo_root / "params.yaml")["lab"]["runs"] == []
 
 
@@ -52,9 +52,9 @@ def chat():
 def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_tasks):
     """The demo's policy turns parse back to the expert's calls, the episode passes, and prompt + first turn are
     exactly the template's tokenized rendering of that conversation."""
-    from agentrl.env.gym import make_env_factory
-    from agentrl.labs.cloning import expert_demo
+    from agentrl.env.gym.environment import make_env_factory
     from agentrl.rl.rollout import OWNER
+    from agentrl.starting.chat import expert_demo
     env = make_env_factory(6, "hidden", True)(train_tasks[0], torch.Generator().manual_seed(0))
     demo = expert_demo(env, chat)
     assert demo.reward == 1.0 and env.info["tools"][0] == "read" and env.info["submitted"]
@@ -78,10 +78,10 @@ def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_
 def cloned_batch(chat, train_tasks, tmp_path_factory):
     """The small Qwen3 after a short cold start, and a first batch of two groups sampled from it."""
     from agentrl.backends.qwen3 import make_small_qwen3
-    from agentrl.config import RLConfig
-    from agentrl.env.gym import make_env_factory
-    from agentrl.labs.cloning import clone, expert_demos
+    from agentrl.core.config import RLConfig
+    from agentrl.env.gym.environment import make_env_factory
     from agentrl.labs.recipe import probe_batch
+    from agentrl.starting.chat import clone, expert_demos
     model = make_small_qwen3(tmp_path_factory.mktemp("lab") / "m", torch.Generator().manual_seed(0), TOKENIZER)
     factory = make_env_factory(2, "hidden", True)
     g = torch.Generator().manual_seed(1)
@@ -106,7 +106,7 @@ def test_the_fault_matrix_holds_on_the_small_qwen3_after_cold_start(cloned_batch
 @pytest.fixture(scope="module")
 def coding_chat():
     from agentrl.backends.qwen3 import transformers
-    from agentrl.labs.toolchat import Qwen3CodingChat
+    from agentrl.env.coding.chat import Qwen3CodingChat
     return Qwen3CodingChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
 
 
@@ -115,8 +115,8 @@ def coding_chat():
 def test_a_coding_turn_is_a_call_a_final_answer_or_malformed(coding_chat):
     """The start-up assertion held (fixture); a tool call is passed to the environment, a turn without one is the
     final answer, and broken JSON or two calls are malformed (the environment's check refuses them)."""
-    from agentrl.labs.toolchat import MALFORMED_CALL
-    from agentrl.tools.schemas import check_call
+    from agentrl.env.coding.chat import MALFORMED_CALL
+    from agentrl.env.coding.schemas import check_call
     ids = coding_chat.turn_ids("Read", {"file_path": "/repo/f.py"})
     assert coding_chat.action(ids) == ("call", {"name": "Read", "arguments": {"file_path": "/repo/f.py"}})
     assert coding_chat.action(coding_chat.answer_ids("Fixed it.")) == ("answer", "Fixed it.")
@@ -132,8 +132,8 @@ def test_a_coding_turn_is_a_call_a_final_answer_or_malformed(coding_chat):
 @pytest.mark.slow
 @needs_tokenizer
 def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_chat, train_tasks):
-    from agentrl.labs.cloning import tools_expert_demo
-    from agentrl.labs.toolchat import SandboxClock, make_chat_tools_env_factory
+    from agentrl.env.coding.chat import SandboxClock, make_chat_tools_env_factory
+    from agentrl.starting.chat import tools_expert_demo
     clock = SandboxClock()
     env = make_chat_tools_env_factory(6, clock)(train_tasks[0], torch.Generator().manual_seed(0))
     demo = tools_expert_demo(env, coding_chat)
@@ -143,7 +143,7 @@ def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_cha
 
 
 def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_path):
-    from agentrl.config import ConfigError, LabConfig
+    from agentrl.core.config import ConfigError, LabConfig
     from agentrl.labs.recipe import load_policy
     with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory") as err:
         load_policy(LabConfig(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
@@ -163,7 +163,8 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     """The whole lab (model made, written and loaded back; cold start; preflight; evaluation; GRPO; evaluation)
     on a shortened config, and its report has each of the issue's columns, filled."""
     import json
-    from agentrl.config import load_section
+
+    from agentrl.core.config import load_section
     from agentrl.labs.recipe import SPECS, run_lab
     from agentrl.labs.report import menu_report, tools_report
     from agentrl.labs.timing import SandboxShare
@@ -214,7 +215,7 @@ def test_the_qwen3_bench_measures_both_samplers_and_both_update_memories():
 
 
 def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made(tmp_path):
-    from agentrl.config import ConfigError, load_section
+    from agentrl.core.config import ConfigError, load_section
     from agentrl.labs.recipe import MENU, run_lab
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: lab.device cuda is valid here")

@@ -6,8 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agentrl.model.logprobs import (FUSED_LOG_SOFTMAX_MAX_VOCAB, draw, entropy_from_logits, log_softmax,
-                                    selected_log_probs)
+from agentrl.model.logprobs import (
+    FUSED_LOG_SOFTMAX_MAX_VOCAB,
+    draw,
+    entropy_from_logits,
+    log_softmax,
+    selected_log_probs,
+)
 
 QWEN3_VOCAB = 151_936
 

@@ -1,4 +1,4 @@
-"""CPU numerics pinned like threads (agentrl.numerics, docs/numerics.md).
+"""CPU numerics pinned like threads (agentrl.core.numerics, docs/numerics.md).
 
 The teeth: under `native` the bytes of a short base cloning change when the dispatched ISA is changed from
 outside (ATEN_CPU_CAPABILITY=default against avx2, both of which every supported machine runs); under `portable`
@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import numerics
+from agentrl.core import numerics
 from agentrl.tracking.provenance import fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 
 CLONE = """
 import hashlib, sys
-from agentrl.numerics import enter
+from agentrl.core.numerics import enter
 machine = enter(2, sys.argv[1])
-from agentrl.config import BaseConfig
+from agentrl.core.config import BaseConfig
 from agentrl.env.tasks import make_tasks
-from agentrl.env.tokenizer import build_tokenizer
-from agentrl.rl.starting import make_rl_base
+from agentrl.env.gym.tokenizer import build_tokenizer
+from agentrl.starting.tinyagent import make_rl_base
 tok = build_tokenizer(make_tasks("all"))
 model, _ = make_rl_base(tok, make_tasks("train"), BaseConfig(steps=12, teach_steps=6, demos_per_task=4), seed=0)
 print(machine["isa"], hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())

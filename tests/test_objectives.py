@@ -1,4 +1,4 @@
-"""The objective (SPEC section 5): every formula against exact, hand-computed vectors."""
+"""The objective: every formula against exact, hand-computed vectors."""
 from __future__ import annotations
 
 import math
@@ -7,10 +7,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agentrl.config import KL_KINDS, LOSS_MODES
-from agentrl.rl.objectives import (aggregate_loss, approx_kl, clipped_surrogate, compute_advantages, entropy_bonus,
-                                entropy_from_logits, kl_penalty, masked_mean, policy_loss, selected_log_probs)
-from agentrl.config import RLConfig
+from agentrl.core.config import KL_KINDS, LOSS_MODES, RLConfig
+from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
+from agentrl.rl.objectives import (
+    aggregate_loss,
+    approx_kl,
+    clipped_surrogate,
+    compute_advantages,
+    entropy_bonus,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
 
 TOL = 1e-6
 

@@ -1,4 +1,4 @@
-"""params.yaml (SPEC section 10): the committed file validates; bad input gets one line naming the field and the
+"""params.yaml: the committed file validates; bad input gets one line naming the field and the
 allowed values, before any compute and before any output is written (checked end to end on the tasks stage)."""
 from __future__ import annotations
 
@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import (KL_KINDS, LOSS_MODES, REWARDS, SECTIONS, ParamsError, RLConfig, defaults, load_params,
-                            load_section, read_params_file)
+from agentrl.core.config import (
+    KL_KINDS,
+    LOSS_MODES,
+    REWARDS,
+    SECTIONS,
+    ParamsError,
+    RLConfig,
+    defaults,
+    load_params,
+    load_section,
+    read_params_file,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,12 +202,12 @@ def test_tasks_stage_writes_deterministic_bytes(repo_copy):
     split = json.loads(first["split.json"])
     assert (len(split["train"]), len(split["validation"]), len(split["test"])) == (20, 5, 5)
     assert len(json.loads(first["tasks.json"])["tasks"]) == 30
+    from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
-    from agentrl.env.tokenizer import build_tokenizer
     tok = build_tokenizer(make_tasks("all"))
     vocab = json.loads(first["tokenizer.json"])
     assert vocab["vocab"] == tok.vocab and vocab["hash"] == tok.hash
-    from agentrl.env.tokenizer import Tokenizer
+    from agentrl.env.gym.tokenizer import Tokenizer
     assert Tokenizer.from_json(first["tokenizer.json"].decode()).hash == vocab["hash"]
     proc = _run_tasks_stage(root, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

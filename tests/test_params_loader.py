@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from agentrl.config import SEED_MAX, ParamsError, load_params
+from agentrl.core.config import SEED_MAX, ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_clip_eps_and_its_low_side_share_their_bounds(tmp_path, key, value):
 
 
 def test_more_threads_than_cores_is_a_warning_line(capsys, monkeypatch):
-    from agentrl import boundary
+    from agentrl.core import boundary
     monkeypatch.setattr(boundary.os, "cpu_count", lambda: 2)
     boundary.check_threads(2)
     assert capsys.readouterr().err == ""
@@ -129,7 +129,8 @@ def test_audit_with_a_yaml_syntax_error_in_params_is_one_line(tmp_path, capsys):
     (root / "dvc.yaml").write_text("stages:\n  x:\n    cmd: 'true'\n    params: [run]\n    outs:\n"
                                    "    - reports/x.json:\n        cache: false\n")
     (root / "dvc.lock").write_text("schema: '2.0'\nstages:\n  x:\n    cmd: 'true'\n    outs:\n"
-                                   "    - path: reports/x.json\n      md5: 0123456789abcdef0123456789abcdef\n      size: 9\n")
+                                   "    - path: reports/x.json\n      md5: 0123456789abcdef0123456789abcdef\n"
+                                   "      size: 9\n")
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("  threads: 2", "  threads: [2", 1))
     assert main("reports/x.json:v", root=root) == 2

@@ -305,7 +305,8 @@ def test_train_resumes_bit_identically_after_sigkill(mini, tmp_path):
     def uninterrupted():
         shutil.rmtree(work / "data" / "train", ignore_errors=True)
         run([sys.executable, "-m", "stages.train"], work, env=env)
-        return {p.name: p.read_bytes() for p in sorted(ckpts.glob("*.pt"))}, (work / "reports" / "train_dashboard.json").read_text()
+        checkpoints = {p.name: p.read_bytes() for p in sorted(ckpts.glob("*.pt"))}
+        return checkpoints, (work / "reports" / "train_dashboard.json").read_text()
 
     reference, ref_history = uninterrupted()
     shutil.rmtree(work / "data" / "train")
@@ -320,6 +321,7 @@ def test_train_resumes_bit_identically_after_sigkill(mini, tmp_path):
     resumed = run([sys.executable, "-m", "stages.train"], work, env=env)
     assert "resuming from checkpoint" in resumed.stdout + resumed.stderr
     import torch
+
     from agentrl.model.checkpoints import read_checkpoint
     a = read_checkpoint(ckpts / "step_0006.pt")
     b_path = work / "reference.pt"

@@ -5,10 +5,10 @@ factor of at least 10 between them; docs/preflight.md must show exactly that tab
 import json
 import math
 
+from conftest import REPO
+
 from agentrl.faults.margins import markdown, summarize
 from agentrl.rl.invariants import CHECKS, THRESHOLDS
-
-from conftest import REPO
 
 MEASURED = REPO / "reports" / "studies" / "preflight_margins.json"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrl.backends.qwen3 import TOKENIZER_FILES, check_model_dir
-from agentrl.config import ConfigError
+from agentrl.core.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
@@ -57,7 +57,7 @@ def test_a_complete_directory_passes(tmp_path):
 
 
 def _makefile_pin(name: str) -> str:
-    line = next(l for l in (REPO / "Makefile").read_text().splitlines() if l.startswith(name + " :="))
+    line = next(x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith(name + " :="))
     return line.split(":=")[1].strip()
 
 

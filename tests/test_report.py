@@ -38,7 +38,7 @@ def _mirror(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from agentrl.config import SECTIONS, load_params
+    from agentrl.core.config import SECTIONS, load_params
     from agentrl.report.build import build
     root = tmp_path_factory.mktemp("capstone_root")
     _mirror(root)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import ARMS, AblateConfig, ParamsError, RLConfig, SelectConfig, arm_overrides, load_params
-from agentrl.eval import research_summary as rs
+from agentrl.core.config import ARMS, AblateConfig, ParamsError, RLConfig, SelectConfig, arm_overrides, load_params
 from agentrl.eval.ablation import arm_config
 from agentrl.eval.stopping import patience_stop, rule_outcome, stopping_report, zero_adv_stop
-from agentrl.stage import read_keys
+from agentrl.pipeline.stage import read_keys
+from agentrl.studies import summary as rs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,7 @@ def _run(pass_rates: dict, start: dict, rollouts: int, steps: int = 3, entropy=0
     begin = {t: {"n": 10, "c": round(p * 10)} for t, p in start.items()}
     history = [{"step": s, "rollouts": rollouts // steps, "trained": rollouts // steps, "entropy": entropy - 0.1 * s,
                 "zero_adv_frac": 0.25 * s} for s in range(steps)]
-    mean = lambda d: sum(d.values()) / len(d)  # noqa: E731
+    mean = lambda d: sum(d.values()) / len(d)
     return {"history": history, "per_task": per, "heldout_pass": mean(pass_rates), "start_per_task": begin,
             "start_pass": mean(start)}
 

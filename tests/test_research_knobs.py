@@ -8,14 +8,13 @@ import copy
 import hashlib
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from agentrl import config
-from agentrl.config import RLConfig
+from agentrl.core import config
+from agentrl.core.config import RLConfig
 from agentrl.env.tasks import make_tasks
 from agentrl.rl import curriculum, objectives, rollout, schedule
 from agentrl.rl.objectives import clip_objective, compute_advantages, dual_clip, policy_loss, sequence_ratio
@@ -106,7 +105,7 @@ def test_each_registry_implements_exactly_its_declared_values():
 # ---------------------------------------------------------------- schedule, entropy target, curriculum
 
 def test_lr_schedules():
-    f = lambda cfg, steps=10: [schedule.lr_factor(cfg, s, steps) for s in range(steps)]  # noqa: E731
+    f = lambda cfg, steps=10: [schedule.lr_factor(cfg, s, steps) for s in range(steps)]
     assert f(RLConfig()) == [1.0] * 10
     assert f(RLConfig(lr_warmup=4))[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
     close(f(RLConfig(lr_schedule="linear")), [1 - s / 10 for s in range(10)])

@@ -29,7 +29,7 @@ KILLER = """
 import io, os, runpy, signal, sys
 import torch
 sys.path.insert(0, os.getcwd())
-import agentrl.eval.validation as validation
+import agentrl.rl.resume as validation
 
 where, _, at = os.environ["KILL_AT"].partition(":")
 at = int(at)

@@ -1,4 +1,4 @@
-"""Policy, rollout and batch (SPEC section 4): KV-cache sampling equals the trainer's forward, trajectory
+"""Policy, rollout and batch: KV-cache sampling equals the trainer's forward, trajectory
 invariants, collation, determinism, checkpoints."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from agentrl.env.gym import END_CALL
-from agentrl.rl.objectives import selected_log_probs
+from agentrl.core.config import RLConfig
+from agentrl.env.gym.environment import END_CALL
 from agentrl.model.checkpoints import CheckpointError, load_policy, read_checkpoint, save_policy
+from agentrl.model.logprobs import selected_log_probs
 from agentrl.model.policy import ModelConfig, TinyAgent
 from agentrl.rl.rollout import OWNER, Trajectory, collate, pad_rows, sample_groups, sample_step
-from agentrl.config import RLConfig
 from agentrl.rl.trainer import env_factory_for, forward_logp
 
 CFG = RLConfig()
@@ -321,7 +321,7 @@ def test_checkpoint_from_another_model_config(tmp_path, make_model, tok):
     msg = str(exc.value)
     assert "model config" in msg and "d_model" in msg and "\n" not in msg
     # through the params section of the model (what stages use)
-    from agentrl.config import ModelParams
+    from agentrl.core.config import ModelParams
     from agentrl.model.checkpoints import load_for
     with pytest.raises(CheckpointError, match="model config"):
         load_for(path, tok, ModelParams())
@@ -391,7 +391,7 @@ def test_parameter_count_of_the_default_model(tok):
 
 def test_params_yaml_model_matches_model_config_defaults(tok):
     """The model section of params.yaml and ModelConfig's defaults describe the same network."""
-    from agentrl.config import ModelParams
+    from agentrl.core.config import ModelParams
     params = dataclasses.asdict(ModelParams())
     defaults = ModelConfig(len(tok)).to_dict()
     for k, v in params.items():

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from agentrl.sandbox import boot
-from agentrl.sandbox.interpreter import discover, elf_interpreter
-from agentrl.sandbox.launch import HOST_UID, SANDBOX_UID, Limits, check_file_name, command, run
-from agentrl.tools.grader import decode, grade
+from agentrl.env.coding.grader import decode, grade
+from agentrl.env.coding.sandbox import boot
+from agentrl.env.coding.sandbox.interpreter import discover, elf_interpreter
+from agentrl.env.coding.sandbox.launch import HOST_UID, SANDBOX_UID, Limits, check_file_name, command, run
 
 
 def script(code: str, **limits):

@@ -5,11 +5,10 @@ import copy
 import pytest
 import torch
 
-from agentrl.config import BaseConfig, SFTConfig
-from agentrl.eval.evaluation import describe
-from agentrl.rl.starting import MixtureCaller, oracle_demos, train_sft
+from agentrl.core.config import BaseConfig, RLConfig, SFTConfig
 from agentrl.env.tasks import make_tasks
-from agentrl.config import RLConfig
+from agentrl.eval.evaluation import describe
+from agentrl.starting.tinyagent import MixtureCaller, oracle_demos, train_sft
 
 
 def test_sft_cold_start_beats_the_base(rl_base, tok):

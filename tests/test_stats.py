@@ -4,9 +4,20 @@ import time
 import numpy as np
 import pytest
 
-from agentrl.eval.stats import (bootstrap_ci, mean_pass_at_k, one_sample_power, paired_bootstrap_diff, pass_at_k,
-                           pass_at_k_tasks, power_table, seeds_for_power, simulate_power,
-                           simulated_seeds_for_power, tasks_for_power, two_sample_power)
+from agentrl.eval.stats import (
+    bootstrap_ci,
+    mean_pass_at_k,
+    one_sample_power,
+    paired_bootstrap_diff,
+    pass_at_k,
+    pass_at_k_tasks,
+    power_table,
+    seeds_for_power,
+    simulate_power,
+    simulated_seeds_for_power,
+    tasks_for_power,
+    two_sample_power,
+)
 
 
 def rng(seed):

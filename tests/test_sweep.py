@@ -37,7 +37,8 @@ TINY = {
     "base": {"demos_per_task": 4, "steps": 60, "teach_steps": 20, "batch_size": 16, "lr": 0.01},
     "sft": {"steps": 1, "describe_per_task": 8},
     "preflight": {"bugs": []},
-    "ablate": {"arms": {"default": {}, "public": {"rl.reward": "public"}}, "seeds": [0, 1], "steps": 1, "eval_per_task": 1, "n_boot": 200},
+    "ablate": {"arms": {"default": {}, "public": {"rl.reward": "public"}}, "seeds": [0, 1], "steps": 1,
+               "eval_per_task": 1, "n_boot": 200},
 }
 
 
@@ -138,7 +139,7 @@ def test_ray_is_imported_only_by_the_sweep_driver():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 importers.add(path.relative_to(REPO).as_posix())
-    assert importers == {"agentrl/sweep/driver.py"}
+    assert importers == {"agentrl/pipeline/sweep/driver.py"}
 
 
 @pytest.mark.parametrize("args,extra,fragment", [
@@ -228,8 +229,8 @@ def test_a_failed_deferred_run_is_recorded_as_failed(tmp_path, monkeypatch):
 
 
 def test_outputs_are_installed_whole(tmp_path):
-    from agentrl.sweep.driver import install_outputs
-    from agentrl.sweep.plan import Instance
+    from agentrl.pipeline.sweep.driver import install_outputs
+    from agentrl.pipeline.sweep.plan import Instance
     root, scratch = tmp_path / "repo", tmp_path / "repo" / ".dvc" / "tmp" / "sweep" / "s"
     (root / "data" / "ablate" / "a-0").mkdir(parents=True)
     (root / "data" / "ablate" / "a-0" / "stale.txt").write_text("old")
@@ -246,7 +247,7 @@ def test_outputs_are_installed_whole(tmp_path):
 def test_a_killed_workers_scratch_is_reaped_and_a_live_ones_kept(tmp_path):
     """A worker killed mid-instance cannot remove its scratch directory; the next worker on the host (and the
     driver, at the end of a sweep) removes the directories whose owner pid is gone, and only those."""
-    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans, scratch_prefix
+    from agentrl.pipeline.sweep.worker import SCRATCH_PREFIX, reap_orphans, scratch_prefix
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     orphan = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-12345-abc"
@@ -261,7 +262,7 @@ def test_a_killed_workers_scratch_is_reaped_and_a_live_ones_kept(tmp_path):
 
 
 def test_a_reused_pid_does_not_keep_a_dead_workers_scratch(tmp_path):
-    from agentrl.sweep.worker import SCRATCH_PREFIX, reap_orphans
+    from agentrl.pipeline.sweep.worker import SCRATCH_PREFIX, reap_orphans
     reused = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-1-abc"   # this pid, but a process that started at tick 1
     reused.mkdir()
     assert reap_orphans(tmp_path) == [reused]
@@ -322,7 +323,7 @@ class LocalCluster:
         for node in (self.worker, self.cluster.head_node):
             try:
                 node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
-            except Exception as exc:  # noqa: BLE001 - the pids below are killed anyway
+            except Exception as exc:
                 print(f"node shutdown: {type(exc).__name__}: {exc}")
         killed = kill_all(pids)
         print(f"cluster stopped: {len(pids)} processes, {len(killed)} killed by pid after 15 s")
@@ -350,7 +351,8 @@ def mlflow_runs(repo: Path, sweep_id: str):
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("agentrl")
-    return [r for r in client.search_runs([exp.experiment_id], max_results=1000) if r.data.tags.get("sweep") == sweep_id]
+    return [r for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if r.data.tags.get("sweep") == sweep_id]
 
 
 def sweep_id(output: str) -> str:
@@ -419,7 +421,7 @@ def test_a_killed_worker_node_costs_only_its_instance(tiny, cluster):
     assert status == {}
     assert {n: lock_entry(tiny, n) for n in INSTANCES} == before    # what was recorded stays recorded
     assert not [p for p in killed if alive(p)]
-    from agentrl.sweep.worker import SCRATCH_PREFIX
+    from agentrl.pipeline.sweep.worker import SCRATCH_PREFIX
     left = [d for pid in killed for d in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{pid}-*")]
     assert left == [], f"the killed worker's scratch directory was not reaped: {left}"
 

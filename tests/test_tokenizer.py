@@ -1,16 +1,24 @@
-"""The word-level tokenizer (SPEC section 3): complete over everything an episode can contain, deterministic."""
+"""The word-level tokenizer: complete over everything an episode can contain, deterministic."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agentrl.env import gym
-from agentrl.env.callers import ExpertCaller, RandomCaller, call_tokens, run_scripted
-from agentrl.env.gym import (EDITED_OBS, ERROR_OBS, NAME_POOL, TOOLS, CodeEnv, make_env_factory, run_tests,
-                             source_observation)
+from agentrl.env.gym import environment as gym
+from agentrl.env.gym.callers import ExpertCaller, RandomCaller, call_tokens, run_scripted
+from agentrl.env.gym.environment import (
+    EDITED_OBS,
+    ERROR_OBS,
+    NAME_POOL,
+    TOOLS,
+    CodeEnv,
+    make_env_factory,
+    run_tests,
+    source_observation,
+)
+from agentrl.env.gym.tokenizer import SPECIALS, Tokenizer, build_tokenizer
 from agentrl.env.ops import OPS
 from agentrl.env.tasks import make_tasks
-from agentrl.env.tokenizer import SPECIALS, Tokenizer, build_tokenizer
 
 
 def _no_unk(tok, tokens, what):
@@ -29,7 +37,7 @@ def test_covers_sources_under_every_op_with_every_name(tok, all_tasks):
 
 
 def test_covers_sources_with_filler_operands(tok, all_tasks):
-    from agentrl.rl.starting import filler_operands
+    from agentrl.starting.tinyagent import filler_operands
     gen = torch.Generator().manual_seed(0)
     for task in all_tasks:
         for name in NAME_POOL[:4]:

@@ -278,8 +278,9 @@ def test_experiment_creation_race_falls_back_to_existing(tmp_path):
 
 def _concurrent_worker(index, barrier, root, results):
     os.chdir(root)
-    from agentrl.tracking.run import stage_run
     import mlflow.tracking  # noqa: F401  (import before the barrier so the store calls really collide)
+
+    from agentrl.tracking.run import stage_run
     rows = [{"step": s, "reward": s / 200 + index, "loss": 1.0 / (s + 1)} for s in range(200)]
     barrier.wait(timeout=120)
     try:
@@ -287,7 +288,7 @@ def _concurrent_worker(index, barrier, root, results):
                        threads=1) as run:
             n = run.log_history(rows)
         results.put((index, run.run_id, n, None))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
+    except Exception as exc:
         results.put((index, None, 0, repr(exc)))
 
 

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from agentrl.config import ConfigError, RLConfig
+from agentrl.core.config import ConfigError, RLConfig
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate, group_gradient_share
 from agentrl.rl.dashboard import behavior_stats

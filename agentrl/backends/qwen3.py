@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from agentrl.config import ConfigError
+from agentrl.core.config import ConfigError
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 from agentrl.model.packing import pad_rows
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 QWEN3_VOCAB = 151_936   # Qwen3's embedding rows (the tokenizer's 151,669 tokens, padded)
 NO_GRAD_CHUNK = 1024    # positions per LM-head pass without gradient: 1024 x 151,936 float32 logits are 594 MiB
 
@@ -75,7 +76,7 @@ class Qwen3Policy(nn.Module):
         self.lm = lm
 
     @classmethod
-    def from_config(cls, config: dict) -> "Qwen3Policy":
+    def from_config(cls, config: dict) -> Qwen3Policy:
         tf = transformers()
         return cls(tf.Qwen3ForCausalLM(tf.Qwen3Config(**config)).float())
 
@@ -86,7 +87,7 @@ class Qwen3Policy(nn.Module):
         config = {k: v for k, v in self.lm.config.to_dict().items() if k not in ("transformers_version", "dtype")}
         return {"backend": self.kind, "parameters": self.num_params(), "config": config}
 
-    def sampler(self, pad_id: int) -> "Qwen3Sampler":
+    def sampler(self, pad_id: int) -> Qwen3Sampler:
         return Qwen3Sampler(self, pad_id)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:

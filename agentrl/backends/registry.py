@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib
 
-from agentrl.config import ConfigError
+from agentrl.core.config import ConfigError
 
 BACKENDS = {
-    "tinyagent": ("agentrl.backends.tinyagent", "TinyAgent, the project's own small transformer (agentrl.model.policy)"),
+    "tinyagent": ("agentrl.backends.tinyagent",
+                  "TinyAgent, the project's own small transformer (agentrl.model.policy)"),
     "qwen3": ("agentrl.backends.qwen3", "a Hugging Face transformers Qwen3 causal LM loaded with from_pretrained"),
 }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-from agentrl.env.gym import END_OBS, NL, OBS
+from agentrl.env.gym.environment import END_OBS, NL, OBS
 from agentrl.env.toolcalls import TOOL_SCHEMAS, call_text, parse_tool_call
 
 END_OF_TURN, PAD = "<|im_end|>", "<|endoftext|>"
@@ -117,7 +117,8 @@ class Qwen3ToolChat:
         prompt = self.encode(self.render([user], generation_prompt=True))
         turn = self.turn_ids("edit", {"op": "fix_range"})
         assistant = {"role": "assistant", "content": "",
-                     "tool_calls": [{"type": "function", "function": {"name": "edit", "arguments": {"op": "fix_range"}}}]}
+                     "tool_calls": [{"type": "function",
+                                     "function": {"name": "edit", "arguments": {"op": "fix_range"}}}]}
         whole = self.encode(self.render([user, assistant], generation_prompt=False))
         if whole[:len(prompt) + len(turn)] != prompt + turn:
             raise TokenInTokenOutError("prompt + sampled turn ids differ from the template's rendering of the turn")

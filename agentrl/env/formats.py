@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agentrl.env.gym import END_CALL
+from agentrl.env.gym.environment import END_CALL
 
 
 class ConversationFormat(Protocol):

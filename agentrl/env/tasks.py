@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrl.config import FAMILIES
+from agentrl.core.config import FAMILIES
 
 ORACLE_OP = {
     "minmax": "swap_minmax",
@@ -186,7 +186,7 @@ def task_by_name(name: str) -> Task:
 def load_split(path=None) -> dict:
     """{'train': [Task], 'validation': [...], 'test': [...], 'heldout': [...]} from the tasks stage's split file,
     with a one-line error for a missing, corrupted or empty split."""
-    from agentrl.artifacts import SPLIT, StageError, read_json
+    from agentrl.core.artifacts import SPLIT, StageError, read_json
     path = SPLIT if path is None else path
     split = read_json(path)
     if not isinstance(split, dict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentrl.env.gym import CALL, END_CALL
+from agentrl.env.gym.environment import CALL, END_CALL
 from agentrl.env.ops import OPS
 
 MALFORMED = ["<malformed>"]   # a call the gym cannot parse (CodeEnv.parse -> None): an invalid call, one turn used

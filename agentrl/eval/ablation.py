@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentrl.artifacts import StageError
-from agentrl.config import ConfigError, arm_overrides
+from agentrl.core.artifacts import StageError
+from agentrl.core.config import ConfigError, arm_overrides
+from agentrl.core.seeding import generator
 from agentrl.eval.evaluation import evaluate
 from agentrl.rl.trainer import train
-from agentrl.seeding import generator
 
 LATE_WINDOW = 4            # "late" training statistics: mean of the last this-many steps
 

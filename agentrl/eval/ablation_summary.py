@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+from agentrl.core.seeding import stream_seed
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff, seeds_for_power, tasks_for_power
-from agentrl.seeding import stream_seed
 
 EFFECTS = (0.10, 0.05, 0.02)
 POWER, LEVEL = 0.8, 0.05   # power of the two-sided t-tests, and their significance level

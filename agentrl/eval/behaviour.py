@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agentrl.env.gym import NL
+from agentrl.core.seeding import generator as stream_generator
+from agentrl.env.gym.environment import NL
 from agentrl.env.ops import OPS
 from agentrl.eval.evaluation import evaluate
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.rollout import OWNER, Trajectory
-from agentrl.seeding import generator as stream_generator
 
 TOP_SEQUENCES = 5  # most frequent tool sequences reported
 STREAM = "report-learned"
@@ -90,7 +90,8 @@ def failure_transcripts(trajs: list, tok, families: list[str], per_family: int) 
         in_fam = [tr for tr in trajs if tr.info["family"] == fam]
         failed = [tr for tr in in_fam if tr.reward <= 0]
         fams[fam] = {"episodes": len(in_fam), "failures": len(failed),
-                     "transcripts": [{**episode_record(tr), "lines": transcript(tr, tok)} for tr in failed[:per_family]]}
+                     "transcripts": [{**episode_record(tr), "lines": transcript(tr, tok)}
+                                     for tr in failed[:per_family]]}
     return fams
 
 

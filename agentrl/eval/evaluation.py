@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.env.gym import make_env_factory
+from agentrl.core.seeding import generator as stream_generator
+from agentrl.env.gym.environment import make_env_factory
 from agentrl.eval.stats import mean_pass_at_k
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.objectives import masked_mean
 from agentrl.rl.rollout import Trajectory, collate, sample_episodes
 from agentrl.rl.trainer import Hook, TrainState
-from agentrl.seeding import generator as stream_generator
 
 
 def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, generator: torch.Generator, cfg,
@@ -31,6 +31,14 @@ def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, gener
         per_task[tr.info["task"]]["n"] += 1
         per_task[tr.info["task"]]["c"] += int(tr.reward > 0)
     return {"pass_rate": sum(tr.reward for tr in trajs) / len(trajs), "per_task": per_task, "trajs": trajs}
+
+
+def validator(tasks: list, tok, cfg, n_per_task: int, seed: int):
+    """validate(model) for the main run's checkpoints: the validation tasks from the stream (seed, "validation")
+    at the sampling temperature, the same episodes for every checkpoint."""
+    def validate(model) -> dict:
+        return evaluate(model, tasks, tok, n_per_task, cfg.temperature, stream_generator(seed, "validation"), cfg)
+    return validate
 
 
 def sample_counts(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg,

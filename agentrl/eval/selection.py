@@ -2,9 +2,9 @@
 has the highest validation pass rate, ties to the earlier step."""
 from __future__ import annotations
 
-from agentrl.artifacts import checkpoint_path
+from agentrl.core.artifacts import checkpoint_path
+from agentrl.core.seeding import stream_seed
 from agentrl.eval.stats import bootstrap_ci
-from agentrl.seeding import stream_seed
 
 
 def checkpoint_rows(checkpoints: list[dict], n_boot: int, alpha: float, seed: int) -> list[dict]:

@@ -5,7 +5,7 @@ Pure functions on plain numbers / numpy arrays; all randomness comes from an exp
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def paired_bootstrap_diff(a: Sequence[float], b: Sequence[float], n_boot: int = 
 def t_test_power(nc, df, alpha: float = 0.05):
     """Power of a two-sided t-test at level alpha whose statistic is noncentral t(df, nc):
     P(T > t_crit) + P(T < -t_crit), t_crit = t_{1 - alpha/2}(df). Broadcasts over arrays."""
-    from scipy import stats   # here, not at the top: every evaluating stage imports this module, few need scipy
+    from scipy import stats  # here, not at the top: every evaluating stage imports this module, few need scipy
     t_crit = stats.t.ppf(1 - alpha / 2, df)
     return stats.nct.sf(t_crit, df, nc) + stats.nct.cdf(-t_crit, df, nc)
 

@@ -45,7 +45,7 @@ def rule_outcome(rows: list[dict], stop: int | None, chosen: dict, n_boot: int, 
     per_full = next(r for r in rows if r["step"] == chosen["step"])["per_task"]
     per_rule = next(r for r in rows if r["step"] == pick["step"])["per_task"]
     tasks = sorted(per_full)
-    rates = lambda per: [per[t]["c"] / per[t]["n"] for t in tasks]  # noqa: E731
+    rates = lambda per: [per[t]["c"] / per[t]["n"] for t in tasks]
     cost, lo, hi = paired_bootstrap_diff(rates(per_rule), rates(per_full), n_boot, alpha, seed=seed)
     return {"stop_step": stop, "fired": stop is not None, "steps_saved": 0 if stop is None else final - stop,
             "chosen_step": pick["step"], "chosen_validation": pick["pass_rate"],

@@ -1,4 +1,4 @@
-"""The fault catalogue (SPEC §8 item 9): a healthy reference and each failure of §6, all from the same base and
+"""The fault catalogue: a healthy reference and each failure of the debugging chapter, all from the same base and
 the same seed, each with its healthy twin and the dashboard metric that exposes it.
 
     RUNS / FAILURES     which runs exist (fault, config overrides, step budget) and, per failure, its healthy
@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from agentrl.config import RLConfig
+from agentrl.core.config import RLConfig
 from agentrl.eval.evaluation import HeldOutEval
 from agentrl.faults.registry import BUGS, seams_for
 from agentrl.rl.guards import BundleGuard
@@ -91,7 +91,8 @@ FAILURES = {
         "healthy", ("turns",),
         what=BUGS["sign_flip"] + ": gradient *descent* on reward.",
         why="The update pushes down whatever earned reward, so the reward falls (top). In the textbook run the agent "
-            "also learns to waste its turn budget (turns per episode rise); the bottom panel shows what turns do here."),
+            "also learns to waste its turn budget (turns per episode rise); the bottom panel shows what turns do "
+            "here."),
     "lr_high": Failure(
         "healthy", ("approx_kl",), secondary=("malformed",), log_metric=True,
         what="learning rate 1e-2 (the default is 3e-4): each update moves the policy far from the one that sampled.",
@@ -134,13 +135,6 @@ FAILURES = {
             "the run without any KL term: the penalty does nothing."),
 }
 FAILURE_NAMES = tuple(FAILURES)
-
-
-def run_config(spec: RunSpec, base_cfg: RLConfig, fcfg) -> RLConfig:
-    """The RLConfig of one catalogue run: the default config with the run's overrides ('@x' = faults.x)."""
-    values = {k: (getattr(fcfg, v[1:]) if isinstance(v, str) and v.startswith("@") else v)
-              for k, v in spec.overrides.items()}
-    return replace(base_cfg, **values)
 
 
 def param(params: dict, ref: str):

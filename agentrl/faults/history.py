@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

@@ -12,7 +12,7 @@ import copy
 import statistics
 from dataclasses import replace
 
-from agentrl.config import LENGTH_START_KNOBS, RLConfig
+from agentrl.core.config import LENGTH_START_KNOBS, RLConfig
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
 from agentrl.faults.catalogue import LENGTH_PAIR, SPECS, run_config, run_steps
 from agentrl.faults.history import _delta, _fmt, _num, _signed, _window, end_mean

@@ -20,9 +20,9 @@ HEALTHY = "healthy"
 def measure(model, tok, tasks: list, cfg, seeds: list[int], bugs: list[str], progress=None) -> dict:
     """{seeds, values: {row: [ {check: value} per seed ]}, failed: {row: [failed invariants per seed]}}; rows
     are 'None' (the clean trainer) and each fault. Batches come from the preflight stream of each seed."""
+    from agentrl.core.seeding import generator
     from agentrl.rl.rollout import sample_step
     from agentrl.rl.trainer import env_factory_for
-    from agentrl.seeding import generator
     values: dict = {str(b): [] for b in [None, *bugs]}
     failed: dict = {str(b): [] for b in [None, *bugs]}
     for seed in seeds:
@@ -120,15 +120,15 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", help="summarize values measured before (a --json file) against today's thresholds")
     args = p.parse_args(argv)
     if args.from_json:
-        from agentrl.artifacts import read_json
+        from agentrl.core.artifacts import read_json
         summary = summarize(read_json(args.from_json)["measured"])
         print(markdown(summary))
         return 0 if summary["matrix_held"] == summary["matrix_seeds"] else 1
     import torch
     torch.set_num_threads(args.threads)
-    from agentrl.config import RLConfig
+    from agentrl.core.config import RLConfig
+    from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
-    from agentrl.env.tokenizer import build_tokenizer
     from agentrl.model.checkpoints import load_policy
     tok = build_tokenizer(make_tasks("all"))
     model = load_policy(args.model, tok.hash)[0]
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
                        list(FAULTS), progress=lambda m: print(m, file=sys.stderr, flush=True))
     summary = summarize(measured)
     if args.json:
-        from agentrl.artifacts import write_json
+        from agentrl.core.artifacts import write_json
         write_json(args.json, {"measured": measured, "summary": summary})
     print(markdown(summary))
     return 0 if summary["matrix_held"] == summary["matrix_seeds"] else 1

@@ -81,7 +81,8 @@ MUTATIONS = (
              "        return mask.shape[0] / total_mask.shape[0]",
              "token_mean microbatches weighted by rows instead of tokens", frozenset({6})),
     Mutation("std_over_batch", "rl/objectives.py", "    return r.std(unbiased=True) if r.numel() > 1",
-             "    return rewards.std(unbiased=True) if r.numel() > 1", "advantage scaled by the batch's reward std, not the group's",
+             "    return rewards.std(unbiased=True) if r.numel() > 1",
+             "advantage scaled by the batch's reward std, not the group's",
              frozenset({4}), {"adv_std_scale": True}),
     Mutation("reference_is_policy", "rl/trainer.py", "        p.requires_grad_(False)\n    return ref",
              "        p.requires_grad_(False)\n    return model",
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
         results[name] = run_mutation(BY_NAME.get(name), args.model, args.threads)
         print(f"mutations: {name}: {_fired(results[name])}", file=sys.stderr, flush=True)
     if args.json:
-        from agentrl.artifacts import write_json
+        from agentrl.core.artifacts import write_json
         write_json(args.json, results)
     print(markdown(results))
     caught = all(res.get("failed") for n, res in results.items() if n != "control")

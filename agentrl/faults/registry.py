@@ -1,4 +1,4 @@
-"""The fault registry: each fault of the debugging chapter (SPEC §6) is the set of trainer seams it breaks.
+"""The fault registry: each fault of the debugging chapter is the set of trainer seams it breaks.
 
 A fault never touches the loop: `seams_for(name)` returns the trainer's `Seams` with the fault's overrides, and
 the loop, the update and the invariants run them as they run the correct ones. EXPECTED_FAILURES is the book's
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from agentrl.config import FAULT_NAMES, ConfigError
+from agentrl.core.config import FAULT_NAMES, ConfigError
 from agentrl.rl.rollout import OWNER
 from agentrl.rl.trainer import SEAMS, Seams, forward_logp, group_advantages, mb_view, minibatch_loss
 

@@ -2,9 +2,9 @@
 healthy twin.
 
 A check is {"metric", "statistic", "faulty", "healthy", "criterion", "holds", "kind", ...}. kind "required": the
-signatures the catalogue must show (asserted in tests/test_faults.py); kind "reference": the SPEC §6 reference
-mechanism, measured on the full-length runs and reported honestly either way. "healthy" is the twin's value over
-the same steps as the faulty run (the twin truncated to the faulty run's length).
+signatures the catalogue must show (asserted in tests/test_faults.py); kind "reference": the debugging chapter's
+reference mechanism, measured on the full-length runs and reported honestly either way. "healthy" is the twin's value
+over the same steps as the faulty run (the twin truncated to the faulty run's length).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from agentrl.faults.catalogue import FAILURE_NAMES, FAILURES
 from agentrl.faults.history import _all, _delta, _finite, _num, _window, at, end_mean, eval_at, series
+
 
 def _check(metric: str, statistic: str, faulty, healthy, criterion: str, holds: bool, kind: str = "required",
            **extra) -> dict:
@@ -61,7 +62,8 @@ def _check_stale(f, H, runs):
                    max(series(H, "ratio_max")) - 1 if H else None,
                    "faulty == 0 exactly on every step, and ratio_min == 1 exactly",
                    _all(rmax, lambda v: v == 1.0) and _all(rmin, lambda v: v == 1.0),
-                   faulty_ratio_min=min(rmin, default=None), healthy_ratio_min=min(series(H, "ratio_min"), default=None))]
+                   faulty_ratio_min=min(rmin, default=None),
+                   healthy_ratio_min=min(series(H, "ratio_min"), default=None))]
 
 
 def _check_sampler_temp(f, H, runs):
@@ -98,7 +100,8 @@ def _check_lr_high(f, H, runs):
     return [_check("approx_kl", "step 0", a, b, "faulty >= 20 x healthy", _num(a, b) and a >= 20 * b,
                    ratio=a / b if _num(a, b) and b > 0 else None),
             _check("malformed", w, m, mh, "malformed calls explode: faulty >= 1 per episode and >= 5 x healthy",
-                   _num(m, mh) and m >= 1 and m >= 5 * mh, "reference", faulty_start=end_mean(f, "malformed", k, start=True)),
+                   _num(m, mh) and m >= 1 and m >= 5 * mh, "reference",
+                   faulty_start=end_mean(f, "malformed", k, start=True)),
             _check("reward", w, r, end_mean(H, "reward", k), "reward -> 0: faulty <= 0.05", _num(r) and r <= 0.05,
                    "reference", faulty_start=end_mean(f, "reward", k, start=True))]
 
@@ -149,7 +152,7 @@ def _check_length_bias(f, t, runs):
     dp, dpt = _delta(f, "length_pass", k), _delta(t, "length_pass", k)
     (fs, fe), (ts, te) = ((end_mean(h, "fail_turn_limit", k, start=True), end_mean(h, "fail_turn_limit", k))
                           for h in (f, t))
-    pct = lambda v: f"{v:.0%}" if _finite(v) else "—"  # noqa: E731
+    pct = lambda v: f"{v:.0%}" if _finite(v) else "—"
     detail = (f"the share of failed episodes that ran out of turns (fail_turn_limit, same steps) went from "
               f"{pct(fs)} to {pct(fe)} in the faulty run and from {pct(ts)} to {pct(te)} in the twin; length_fail "
               f"mixes these long failures with short submitted ones, so it also moves with this share when no "
@@ -175,7 +178,8 @@ def _check_ref_is_policy(f, H, runs):
                      _all(kl, lambda v: v == 0.0))]
     if runs["healthy"]["config"].get("kl_coef", 0.0) == 0.0:
         same = identical_runs(runs["ref_is_policy"], runs["healthy"])
-        detail = same["first_difference"] or f"{same['compared']} statistics equal; parameters equal: {same['parameters']}"
+        detail = same["first_difference"] or \
+            f"{same['compared']} statistics equal; parameters equal: {same['parameters']}"
         checks.append(_check("bit-identical to the no-KL run", "every shared statistic and the final parameters",
                              same["histories"] and same["parameters"], True,
                              "histories exactly equal and torch.equal on every parameter",

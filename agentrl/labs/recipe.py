@@ -1,10 +1,10 @@
 """A lab's recipe on a Qwen3 backend through Qwen3's chat template: the menu lab (the gym's four tools) and the tools
-lab (the generic coding tools of agentrl.tools, model-written code graded in the sandbox) differ only in their
+lab (the generic coding tools of agentrl.env.coding, model-written code graded in the sandbox) differ only in their
 `LabSpec` (chat format, environment, scripted expert).
 
     model      lab.model (a user's Qwen3 directory) or a small random-init Qwen3 written here with save_pretrained
                and loaded back with from_pretrained (agentrl.backends.qwen3)
-    cold start behaviour cloning of the scripted expert's conversations (agentrl.labs.cloning)
+    cold start behaviour cloning of the scripted expert's conversations (agentrl.starting.chat)
     preflight  the nine invariants on a first batch sampled from the cloned policy (agentrl.rl.invariants)
     evaluate   held-out pass before GRPO (its own generator stream)
     GRPO       agentrl.rl.trainer.train with the chat format and the gym's env factory
@@ -23,15 +23,15 @@ from pathlib import Path
 import torch
 from torch import no_grad
 
-from agentrl.env.gym import make_env_factory
+from agentrl.core.seeding import generator as stream_generator
+from agentrl.env.gym.environment import make_env_factory
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate
-from agentrl.labs.cloning import clone, expert_demo, tools_expert_demo
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
 from agentrl.rl.rollout import sample_episodes
 from agentrl.rl.trainer import train
-from agentrl.seeding import generator as stream_generator
+from agentrl.starting.chat import clone, expert_demo, tools_expert_demo
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
@@ -39,7 +39,7 @@ TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 @dataclass(frozen=True)
 class LabSpec:
     name: str
-    chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.labs.toolchat.Qwen3CodingChat
+    chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.env.coding.chat.Qwen3CodingChat
     demo: object              # (env, chat) -> Trajectory of the scripted expert
     probe_group: int          # episodes per group of the preflight's two groups: the float64 references hold
                               # [policy tokens, 151,936] log-softmaxes, and a tools turn is 3x a menu turn
@@ -52,14 +52,14 @@ SPECS = {"menu": MENU, "tools": TOOLS}
 
 def env_factory_for(spec: LabSpec, lab, clock):
     if spec.chat == "tools":
-        from agentrl.labs.toolchat import make_chat_tools_env_factory
+        from agentrl.env.coding.chat import make_chat_tools_env_factory
         return make_chat_tools_env_factory(lab.max_turns, clock)
     return make_env_factory(lab.max_turns, "hidden", True)
 
 
 def check_device(device: str) -> None:
     """A one-line ConfigError, before anything is made or loaded, when lab.device names a device torch lacks."""
-    from agentrl.config import ConfigError
+    from agentrl.core.config import ConfigError
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("lab.device: cuda, but torch sees no CUDA device here (torch.cuda.is_available() is "
                           "False); allowed on this machine: cpu")
@@ -82,7 +82,7 @@ def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
         model = make_small_qwen3(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
                                  hidden=lab.hidden, layers=lab.layers)
     if spec.chat == "tools":
-        from agentrl.labs.toolchat import Qwen3CodingChat as Qwen3ToolChat   # noqa: F811
+        from agentrl.env.coding.chat import Qwen3CodingChat as Qwen3ToolChat
     return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
 
 

@@ -74,7 +74,8 @@ def cost_lines(record: dict) -> list[str]:
 def preflight_lines(gate: dict) -> list[str]:
     out = [f"The nine invariants (agentrl.rl.invariants) on a first batch of {gate['episodes']} episodes sampled "
            f"from the cloned policy (rewards: {gate['rewards']}): **{'passed' if gate['passed'] else 'failed'}**. "
-           "The fault matrix on the same backend is a slow test (tests/test_labs.py).", "", "| invariant | value | passed |", "|---|---|---|"]
+           "The fault matrix on the same backend is a slow test (tests/test_labs.py).", "",
+           "| invariant | value | passed |", "|---|---|---|"]
     out += [f"| {name} | {c['value']:.3g} | {c['passed']} |" for name, c in gate["checks"].items()]
     return out + ([f"- errors: {gate['errors']}"] if gate["errors"] else [])
 
@@ -166,7 +167,7 @@ def tools_report(record: dict) -> tuple[dict, str]:
           f"| paired gain | {interval(held['gain'])} |", "",
           *behaviour_table(record["before"], record["after"], TOOLS_BEHAVIOUR), "",
           *tools_tables(record["before"], record["after"]), "",
-          "A final answer 'claims success' by a word heuristic (agentrl.tools.environment.claims_success).", "",
+          "A final answer 'claims success' by a word heuristic (agentrl.env.coding.environment.claims_success).", "",
           "## Training (GRPO steps)", "", "| column | value |", "|---|---|",
           f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
           f"| zero-advantage share | {fmt(training['zero_adv_share'])} |",

@@ -1,10 +1,10 @@
 """The sandbox's share of a training step: a trainer hook that reads the SandboxClock of the lab's environments
-(agentrl.labs.toolchat) around each GRPO step."""
+(agentrl.env.coding.chat) around each GRPO step."""
 from __future__ import annotations
 
 import time
 
-from agentrl.labs.toolchat import SandboxClock
+from agentrl.env.coding.chat import SandboxClock
 from agentrl.rl.trainer import Hook
 
 

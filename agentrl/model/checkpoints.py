@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.config import UserError
+from agentrl.core.config import UserError
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 

@@ -21,7 +21,7 @@ def rowwise(fn, x: torch.Tensor, min_rows: int) -> torch.Tensor:
     added, then dropped)."""
     if isinstance(fn, torch.nn.Linear):  # the layer's own F.linear call, without the module call around it
         layer = fn
-        fn = lambda h: F.linear(h, layer.weight, layer.bias)  # noqa: E731
+        fn = lambda h: F.linear(h, layer.weight, layer.bias)
     M = x.shape[0]
     if M >= min_rows:
         return fn(x)

@@ -24,6 +24,7 @@ from agentrl.model.cache import Chunk, KVCache
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 from agentrl.model.packing import MIN_ROWS, pad_rows, real_positions, rowwise
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -33,7 +34,7 @@ class ModelConfig:
     d_ff: int = 256
     max_len: int = 1024
     tie_embeddings: bool = True
-    emb_std: float = 1.0   # token embeddings as large as the positional signal: see docs/design.md (held-out generalization)
+    emb_std: float = 1.0   # token embeddings as large as the positional signal (docs/design.md)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,7 +195,7 @@ class TinyAgent(nn.Module):
     def describe(self) -> dict:
         return {"backend": self.kind, "parameters": self.num_params(), "config": self.cfg.to_dict()}
 
-    def sampler(self, pad_id: int) -> "CachedSampler":
+    def sampler(self, pad_id: int) -> CachedSampler:
         return CachedSampler(self, pad_id)
 
     def logits(self, ids: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,12 +9,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.report.compute import (ABLATION, BEHAVIOUR, CAPSTONE, DASHBOARD, FIG_DIR, FIG_LINK, MARKDOWN, PREFLIGHT,
-                                    SELECTION, SOURCES, THREADS, TRAIN, compute, load_docs)
-from agentrl.report.sections_run import (arm_order, sec_checkpoints, sec_config, sec_dashboard, sec_preflight,
-                                         sec_start, sec_summary, sec_test)
-from agentrl.report.sections_study import (sec_ablation, sec_faults, sec_learned, sec_power, sec_provenance,
-                                           sec_stopping, sec_threads)
+from agentrl.report.compute import (
+    ABLATION,
+    BEHAVIOUR,
+    CAPSTONE,
+    DASHBOARD,
+    FIG_DIR,
+    FIG_LINK,
+    MARKDOWN,
+    PREFLIGHT,
+    SELECTION,
+    SOURCES,
+    THREADS,
+    TRAIN,
+    compute,
+    load_docs,
+)
+from agentrl.report.sections_run import (
+    arm_order,
+    sec_checkpoints,
+    sec_config,
+    sec_dashboard,
+    sec_preflight,
+    sec_start,
+    sec_summary,
+    sec_test,
+)
+from agentrl.report.sections_study import (
+    sec_ablation,
+    sec_faults,
+    sec_learned,
+    sec_power,
+    sec_provenance,
+    sec_stopping,
+    sec_threads,
+)
 from agentrl.report.sources import Sources
 
 HEADINGS = ("Summary", "Pinned configuration", "Preflight", "Starting policy", "Training dashboard", "Checkpoints",
@@ -83,7 +112,7 @@ def render(docs: dict, links: dict) -> tuple[str, list[dict]]:
 def build(params: dict, root: Path | str = ".") -> dict:
     """Compute, write reports/capstone.json, draw the figures, render reports/capstone.md and write
     reports/capstone_sources.json. Returns a summary for logging."""
-    from agentrl.artifacts import read_json, write_json, write_text
+    from agentrl.core.artifacts import read_json, write_json, write_text
     root = Path(root)
     docs = load_docs(root)
     write_json(root / CAPSTONE, compute(params, docs))

@@ -48,7 +48,7 @@ def input_paths(root: Path | str = ".") -> list[Path]:
 
 
 def load_docs(root: Path) -> dict:
-    from agentrl.artifacts import read_json
+    from agentrl.core.artifacts import read_json
     return {f: read_json(root / f) for f in JSON_INPUTS}
 
 
@@ -117,7 +117,7 @@ def versions() -> dict:
 
 
 def compute(params: dict, docs: dict) -> dict:
-    from agentrl.config import section_values
+    from agentrl.core.config import section_values
     st = docs[START]
     return {
         "config": {s: section_values(s, obj) for s, obj in params.items()},
@@ -128,6 +128,7 @@ def compute(params: dict, docs: dict) -> dict:
         "stopping": stopping(docs[DASHBOARD], docs[TRAIN]["checkpoints"]),
         "threads": thread_effect(docs[THREADS], docs[ABLATION]),
         "faults": faults_summary(docs[FAULTS]),
-        "starting": {"base_more_groups_with_gradient": st["base"]["groups_with_gradient"] > st["sft"]["groups_with_gradient"],
+        "starting": {"base_more_groups_with_gradient":
+                     st["base"]["groups_with_gradient"] > st["sft"]["groups_with_gradient"],
                      "base_lower_pass_at_1": st["base"]["pass_at_1"] < st["sft"]["pass_at_1"]},
     }

@@ -7,12 +7,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _save(fig, path) -> None:
     """Rendered in memory, then written atomically (an interrupted stage leaves the old figure, not half a PNG)."""
-    from agentrl.artifacts import write_bytes
+    from agentrl.core.artifacts import write_bytes
     path = Path(path)
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight",

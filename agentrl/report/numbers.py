@@ -95,7 +95,7 @@ def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict
 
 
 def main(snapshot_path: str, reports_dir: str, moved_path: str | None) -> int:
-    from agentrl.artifacts import read_json
+    from agentrl.core.artifacts import read_json
     snap = read_json(snapshot_path, {str: {str: (float, bool, None)}})
     rule = ({"from": str, "to": str}, {"from": str, "removed": str}, {"from": str, "changed": str})
     moved = read_json(moved_path, {"rules": [rule]})["rules"] if moved_path and Path(moved_path).is_file() else []

@@ -2,9 +2,18 @@
 dashboard, checkpoints and test. Each renderer appends markdown lines to L and reads every number through S."""
 from __future__ import annotations
 
-from agentrl.config import SECTIONS as PARAM_SECTIONS
-from agentrl.report.compute import (ABLATION, BASE, CAPSTONE, DASHBOARD, PREFLIGHT, SELECTION, START, TEST, TRAIN,
-                                    WINDOW_METRICS)
+from agentrl.core.config import SECTIONS as PARAM_SECTIONS
+from agentrl.report.compute import (
+    ABLATION,
+    BASE,
+    CAPSTONE,
+    PREFLIGHT,
+    SELECTION,
+    START,
+    TEST,
+    TRAIN,
+    WINDOW_METRICS,
+)
 from agentrl.report.sources import table
 
 
@@ -46,7 +55,9 @@ def sec_config(L, S, docs):
     L += ["## Pinned configuration", "",
           "Every field of `params.yaml` as this report read it (validated; defaults filled in).", ""]
     rows = []
-    for section in sorted(cap["config"], key=lambda x: (list(PARAM_SECTIONS).index(x) if x in PARAM_SECTIONS else 99, x)):
+    def order(section):
+        return list(PARAM_SECTIONS).index(section) if section in PARAM_SECTIONS else 99, section
+    for section in sorted(cap["config"], key=order):
         for key in cap["config"][section]:
             rows.append([section, key, S(CAPSTONE, f"config.{section}.{key}", "str")])
     L += table(["section", "key", "value"], rows)
@@ -79,7 +90,8 @@ def sec_preflight(L, S, docs):
                     + [S(PREFLIGHT, f"clean.{check}.passed", "passfail")])
     L += table(["#", "invariant", "value", "passes if"] + (["margin (x)"] if margins else []) + ["result"], rows)
     L += ["Fault matrix: each injected fault (rows) against each invariant (columns, numbered as above). "
-          "FAIL = the invariant caught the fault; (expected) marks the cells SPEC §6 expects to fail.", ""]
+          "FAIL = the invariant caught the fault; (expected) marks the cells the debugging chapter expects to "
+          "fail.", ""]
     header = ["fault"] + [str(i + 1) for i in range(len(pre["checks"]))] + ["failed", "expected"]
     rows = []
     pinned = ["None"] + list(docs[CAPSTONE]["config"]["preflight"]["bugs"])
@@ -193,13 +205,15 @@ def sec_test(L, S, docs):
         key = str(k)
         row = [f"pass@{S(TEST, f'ks.{i}', 'd')}", S(TEST, f"start.pass_at_k.{key}"), S(TEST, f"chosen.pass_at_k.{key}")]
         rows.append(row)
-    rows.append([f"{_p1(S, docs)} CI", S.ci(TEST, "start.ci_lo", "start.ci_hi"), S.ci(TEST, "chosen.ci_lo", "chosen.ci_hi")])
+    rows.append([f"{_p1(S, docs)} CI", S.ci(TEST, "start.ci_lo", "start.ci_hi"),
+                 S.ci(TEST, "chosen.ci_lo", "chosen.ci_hi")])
     L += table(["", "start", "chosen"], rows)
     L += [f"Paired difference (chosen − start, same tasks, tasks resampled): "
           f"**{S(TEST, 'paired_diff.mean', '+.3f')}** {S.ci(TEST, 'paired_diff.ci_lo', 'paired_diff.ci_hi', '+.3f')}.",
           "", "Per-task successes (c of n):", ""]
     rows = []
     for task in t["tasks"]:
-        rows.append([f"`{task}`", f"{S(TEST, f'start.per_task.{task}.c', 'd')} of {S(TEST, f'start.per_task.{task}.n', 'd')}",
+        rows.append([f"`{task}`",
+                     f"{S(TEST, f'start.per_task.{task}.c', 'd')} of {S(TEST, f'start.per_task.{task}.n', 'd')}",
                      f"{S(TEST, f'chosen.per_task.{task}.c', 'd')} of {S(TEST, f'chosen.per_task.{task}.n', 'd')}"])
     L += table(["task", "start", "chosen"], rows)

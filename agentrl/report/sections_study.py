@@ -2,8 +2,18 @@
 thread-count experiment, the fault catalogue and provenance."""
 from __future__ import annotations
 
-from agentrl.report.compute import (ABLATION, BEHAVIOUR, CAPSTONE, FAULTS, PREFLIGHT, SELECTION, START, TEST, THREADS,
-                                    WRITTEN_BY)
+from agentrl.report.compute import (
+    ABLATION,
+    BEHAVIOUR,
+    CAPSTONE,
+    FAULTS,
+    PREFLIGHT,
+    SELECTION,
+    START,
+    TEST,
+    THREADS,
+    WRITTEN_BY,
+)
 from agentrl.report.sections_run import arm_order
 from agentrl.report.sources import table
 
@@ -95,7 +105,8 @@ def sec_learned(L, S, docs, links):
         if not v["transcripts"]:
             L += [f"- `{fam}` (failed {S(BEHAVIOUR, f'chosen.families.{fam}.failures', 'd')} of "
                   f"{S(BEHAVIOUR, f'chosen.families.{fam}.episodes', 'd')} episodes): no transcript shown "
-                  f"(behaviour.transcripts_per_family = {S(CAPSTONE, 'config.behaviour.transcripts_per_family', 'd')}).", ""]
+                  "(behaviour.transcripts_per_family = "
+                  f"{S(CAPSTONE, 'config.behaviour.transcripts_per_family', 'd')}).", ""]
         for j, tr in enumerate(v["transcripts"]):
             p = f"chosen.families.{fam}.transcripts.{j}"
             L += [f"- `{fam}` (failed {S(BEHAVIOUR, f'chosen.families.{fam}.failures', 'd')} of "

@@ -49,7 +49,7 @@ class Sources:
         try:
             self.get(file, path)
             return True
-        except Exception:  # noqa: BLE001 - AuditError / KeyError: not there
+        except Exception:
             return False
 
     def get(self, file: str, path: str) -> Any:

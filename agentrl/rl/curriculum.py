@@ -8,7 +8,7 @@ weight is ever 0. The estimates come from the dashboard history (each row record
 """
 from __future__ import annotations
 
-from agentrl.config import RLConfig
+from agentrl.core.config import RLConfig
 
 
 def task_outcomes(trajs: list) -> dict:

@@ -1,4 +1,4 @@
-"""The dashboard row: one flat record per training step, four groups (SPEC §6), and the behaviour statistics of a
+"""The dashboard row: one flat record per training step, four groups (docs/design.md), and the behaviour statistics of a
 set of episodes that its behaviour group (and every evaluation) reports.
 
     outcome       reward, pass_rate (and eval_pass, added by a held-out evaluation hook)
@@ -15,7 +15,8 @@ import hashlib
 
 METRIC_GROUPS = {
     "outcome": ["reward", "pass_rate", "eval_pass"],
-    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "hardcode", "length_pass", "length_fail",
+    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "hardcode", "length_pass",
+                  "length_fail",
                   "fail_turn_limit"],
     "optimizer": ["entropy", "approx_kl", "approx_kl_max", "clip_frac", "clip_frac_max", "ratio_max", "ratio_min",
                   "grad_norm", "grad_norm_max", "kl_ref", "zero_adv_frac", "all_pass_frac", "all_fail_frac"],
@@ -29,7 +30,7 @@ def behavior_stats(trajs: list) -> dict:
     n = max(len(trajs), 1)
     passed = [t for t in trajs if t.reward > 0]
     failed = [t for t in trajs if t.reward <= 0]
-    mean_len = lambda ts: sum(t.n_policy_tokens for t in ts) / len(ts) if ts else float("nan")  # noqa: E731
+    mean_len = lambda ts: sum(t.n_policy_tokens for t in ts) / len(ts) if ts else float("nan")
     return {
         "episodes": len(trajs),
         "pass_rate": sum(t.reward for t in trajs) / n,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from agentrl.backends.registry import from_description
-from agentrl.config import Diverged, RLConfig, UserError
+from agentrl.core.config import Diverged, RLConfig, UserError
 from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, TrainState, frozen_copy, make_optimizer, rl_update
 
 BATCH_KEYS = ("ids", "attention_mask", "owner", "action_mask", "sample_logp", "rewards", "group", "advantages")
@@ -57,7 +57,8 @@ def save_bundle(path, *, step: int, cfg: RLConfig, fault, model_state, optim_sta
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"step": step, "cfg": cfg.to_dict(), "bug": fault, "reason": reason, "threads": threads,
-                "backend": model["backend"], "model_config": model["config"], "model_state": model_state, "optim_state": optim_state,
+                "backend": model["backend"], "model_config": model["config"], "model_state": model_state,
+                "optim_state": optim_state,
                 "ref_state": ref_state, "batch": {k: batch[k] for k in BATCH_KEYS},
                 "stats": stats, "generator_state": generator_state}, path)
     return str(path)
@@ -95,7 +96,8 @@ class BundleGuard(Hook):
     def on_row(self, step: int, state: TrainState, row: dict) -> None:
         norms = [h["grad_norm"] for h in state.history if "grad_norm" in h]
         update = state.update
-        if self.dir is not None and len(norms) >= 5 and update and update["grad_norm"] > self.spike_factor * statistics.median(norms):
+        if self.dir is not None and len(norms) >= 5 and update and \
+                update["grad_norm"] > self.spike_factor * statistics.median(norms):
             row["spike_bundle"] = self._write(
                 step, state, f"grad_norm {update['grad_norm']:.3g} > {self.spike_factor}x running median", update)
         reason = divergence(row) if self.mode != "off" else None
@@ -115,7 +117,7 @@ def read_bundle(path) -> dict:
     """A replay bundle, or one UserError line saying the file is not one."""
     try:
         b = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file: pickle, zip, truncated, a directory...
+    except Exception as exc:
         raise UserError(f"replay {path}: not a replay bundle ({type(exc).__name__}); pass a file a guard wrote "
                         "(data/train/bundles/step_NNNN.pt, data/bundles/<stage>/)") from None
     missing = [k for k in BUNDLE_KEYS if not isinstance(b, dict) or k not in b]

@@ -1,4 +1,4 @@
-"""The nine trainer invariants (SPEC §6), checked on one step-0 batch before any real training step.
+"""The nine trainer invariants (docs/preflight.md), checked on one step-0 batch before any real training step.
 
 `sanity_checks(model, trajs, tok, cfg, seams)` -> {check: (value, passed)}. The model is not modified: updates
 run on copies, with at least 2 minibatches and 2 epochs (so invariant 7 sees a pass after the weights moved, even
@@ -21,10 +21,21 @@ from dataclasses import replace
 
 import torch
 
-from agentrl.config import RLConfig
+from agentrl.core.config import RLConfig
 from agentrl.rl import references as refs
-from agentrl.rl.trainer import (SEAMS, Seams, accumulate_backward, forward_logp, make_optimizer, mb_view,
-                                minibatch_loss, minibatch_slices, pre_update_pass, prepare_batch, rl_update)
+from agentrl.rl.trainer import (
+    SEAMS,
+    Seams,
+    accumulate_backward,
+    forward_logp,
+    make_optimizer,
+    mb_view,
+    minibatch_loss,
+    minibatch_slices,
+    pre_update_pass,
+    prepare_batch,
+    rl_update,
+)
 
 CHECKS = ("mask_is_policy", "sampler_trainer_gap", "ratio_is_one", "group_adv_mean", "padding_invariance",
           "accumulation", "old_logp_frozen", "update_direction", "kl_to_reference")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.config import KL_KINDS, LOSS_MODES
-from agentrl.model.logprobs import entropy_from_logits, selected_log_probs  # noqa: F401  (formulas of the backends)
+from agentrl.core.config import KL_KINDS, LOSS_MODES
 
 
 def group_mean_baseline(r: torch.Tensor) -> torch.Tensor:

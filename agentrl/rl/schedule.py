@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from agentrl.config import RLConfig
+from agentrl.core.config import RLConfig
 
 
 def constant_decay(progress: float) -> float:

@@ -19,19 +19,26 @@ run "with no fault" and a plain run are the same code path.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from agentrl.config import ConfigError, Diverged, RLConfig
-from agentrl.env.gym import make_env_factory
+from agentrl.core.config import ConfigError, Diverged, RLConfig
+from agentrl.core.seeding import generator as stream_generator
+from agentrl.env.gym.environment import make_env_factory
 from agentrl.rl.curriculum import curriculum_row, task_weights
 from agentrl.rl.dashboard import batch_hash, dashboard_row
-from agentrl.rl.objectives import aggregate_loss, compute_advantages, entropy_bonus, kl_penalty, masked_mean, policy_loss
+from agentrl.rl.objectives import (
+    aggregate_loss,
+    compute_advantages,
+    entropy_bonus,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
 from agentrl.rl.rollout import Trajectory, collate, sample_step
 from agentrl.rl.schedule import schedule_row, scheduled, set_lr, step_config
-from agentrl.seeding import generator as stream_generator
 
 
 class NonFiniteError(Diverged):
@@ -48,7 +55,8 @@ def env_factory_for(cfg: RLConfig):
 
 
 def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)  # one kernel per op for all tensors; same numbers
+    # foreach: one kernel per op for all tensors; the same numbers
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
 
 
 def frozen_copy(model) -> torch.nn.Module:
@@ -232,7 +240,7 @@ def frozen_ref_log_probs(model, ref, mbs: list[dict], cfg: RLConfig) -> list | N
 def summarize_minibatches(per_mb: list[dict]) -> dict:
     """Means over the update's optimizer steps, plus per-step maxima where a spike matters."""
     n = len(per_mb)
-    mean = lambda k: sum(s[k] for s in per_mb) / n  # noqa: E731
+    mean = lambda k: sum(s[k] for s in per_mb) / n
     return {"loss": mean("loss"), "clip_frac": mean("clip_frac"), "clip_frac_max": max(s["clip_frac"] for s in per_mb),
             "approx_kl": mean("approx_kl"), "approx_kl_max": max(s["approx_kl"] for s in per_mb),
             "ratio_max": max(s["ratio_max"] for s in per_mb), "ratio_min": min(s["ratio_min"] for s in per_mb),

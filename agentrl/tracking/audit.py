@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.artifacts import shape_problem
-from agentrl.boundary import one_line
-from agentrl.knobs import UserError
+from agentrl.core.artifacts import shape_problem
+from agentrl.core.boundary import one_line
+from agentrl.core.knobs import UserError
 from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
 from agentrl.tracking.provenance import ProvenanceError, work_root
 from agentrl.tracking.run import record_path
@@ -143,7 +143,7 @@ def fetch_run(run_id: str | None) -> dict:
         from agentrl.tracking.store import _client, _retry
         client = _client(uri)
         run = _retry(client.get_run, run_id)
-    except Exception as exc:  # noqa: BLE001 - report, don't crash the audit
+    except Exception as exc:
         return {"found": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     return {"found": True, "run_id": run_id, "name": run.info.run_name, "status": run.info.status,
             "tracking_uri": uri, "pipeline_run": run.data.tags.get("pipeline_run"),

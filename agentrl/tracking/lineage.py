@@ -93,7 +93,7 @@ def lineage(stage: str, root: Path) -> dict:
 def attach_verdicts(chain: dict) -> tuple[str, str]:
     """Give each stage of the chain its reproduction verdict on this machine; return the chain's (the weakest):
     bit-for-bit only when every stage with tensor work can be rebuilt bit for bit here."""
-    from agentrl.numerics import here_for, reproduction_verdict
+    from agentrl.core.numerics import here_for, reproduction_verdict
     worst, why = "bit-for-bit", "every stage of the lineage ran with numerics this machine reproduces"
     rank = {"bit-for-bit": 0, "unknown": 1, "statistical": 2}
     for item in chain["stages"]:

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from agentrl.knobs import UserError
+from agentrl.core.knobs import UserError
 
 FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs", "numerics")
 _DVC_TMP = (".dvc", "tmp", "exps")
@@ -212,7 +212,7 @@ def _relative(path: Path, root: Path) -> str:
 def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] = (), threads: int | None = 1,
                      root: Path | str | None = None, machine: Mapping | None = None) -> dict:
     """The content record of a stage run and its fingerprint. Hashes every input first, so a missing artifact
-    fails here, before any run is created or output written. `machine` (agentrl.numerics.machine_class) is
+    fails here, before any run is created or output written. `machine` (agentrl.core.numerics.machine_class) is
     recorded whole; the fingerprint covers only the part of it that decides bits (numerics.bits_identity), so under
     portable numerics the same stage on another CPU has the same fingerprint."""
     if not isinstance(stage, str) or not stage:
@@ -231,7 +231,7 @@ def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] =
     record = {"stage": stage, "params": dict(sorted(flat.items())), "threads": threads, "versions": versions(),
               "code_files": files, "code_hash": code_hash(files, root), "inputs": dict(sorted(hashes.items()))}
     if machine is not None:
-        from agentrl.numerics import bits_identity
+        from agentrl.core.numerics import bits_identity
         record["machine"] = plain(dict(machine))
         record["numerics"] = plain(bits_identity(machine))
     record["fingerprint"] = fingerprint(record)

@@ -24,14 +24,27 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from agentrl.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
-from agentrl.tracking.provenance import build_provenance, flatten_params, git_info, params_hash, project_root, \
-    work_root
-from agentrl.tracking.store import (DEFAULT_EXPERIMENT, MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE,
-                                    MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VALUE, _chunks, _client, _ensure_experiment,
-                                    _key, _metric_value, _retry, _value_text, artifact_location, configured_uri,
-                                    log_artifact, probe,
-                                    tracking_uri)
+from agentrl.core.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
+from agentrl.tracking.provenance import build_provenance, flatten_params, git_info, params_hash, project_root, work_root
+from agentrl.tracking.store import (
+    DEFAULT_EXPERIMENT,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VALUE,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VALUE,
+    _chunks,
+    _client,
+    _ensure_experiment,
+    _key,
+    _metric_value,
+    _retry,
+    _value_text,
+    artifact_location,
+    configured_uri,
+    log_artifact,
+    probe,
+    tracking_uri,
+)
 
 RECORD_DIR = Path("reports") / "provenance"
 DEFER_ENV = "AGENTRL_TRACKING_DEFER"
@@ -194,9 +207,11 @@ def write_index(directory: Path) -> None:
         rows.append(r)
     total = sum(r.get("this_run_seconds", 0.0) for r in rows)
     lines = ["# Provenance records", "",
-             "One record per stage run, written by the stage when it finishes (`agentrl.tracking.run`): the MLflow run,",
+             "One record per stage run, written by the stage when it finishes (`agentrl.tracking.run`): the MLflow "
+             "run,",
              "the params hash, the code version and the wall time. They are not stage outputs (outputs depend only on",
-             "what made them), so a rerun rewrites these files and nothing else. `python -m agentrl audit` reads them.", "",
+             "what made them), so a rerun rewrites these files and nothing else. `python -m agentrl audit` reads "
+             "them.", "",
              "| stage | MLflow run | pipeline run | params hash | fingerprint | git commit | wall time (s) | started |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -215,7 +230,7 @@ def write_index(directory: Path) -> None:
 def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads: int | None,
               experiment: str = DEFAULT_EXPERIMENT, machine: Mapping | None = None):
     """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc). `machine` is the
-    machine class the stage's numerics ran on (agentrl.numerics.machine_class; None without tensor work)."""
+    machine class the stage's numerics ran on (agentrl.core.numerics.machine_class; None without tensor work)."""
     from mlflow.entities import Param
     work, root = work_root(), project_root()
     uri = tracking_uri(root)
@@ -241,10 +256,12 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
                 _retry(client.log_batch, handle.run_id, params=chunk)
             yield handle
             wall = time.time() - started
-            out = {**record, "git_commit": git["commit"], "dirty": git["dirty"], "params_hash": params_hash(record["params"]),
+            out = {**record, "git_commit": git["commit"], "dirty": git["dirty"],
+                   "params_hash": params_hash(record["params"]),
                    "mlflow": {"run_id": handle.run_id, "experiment": experiment, "tracking_uri": configured_uri(),
                               "continues": handle.previous_runs},
-                   "pipeline_run": pipeline_run_id(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                   "pipeline_run": pipeline_run_id(),
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                    "wall_seconds": round(handle.previous_seconds + wall, 3), "this_run_seconds": round(wall, 3)}
             _write_record(record_path(stage, work), out)
             write_index(record_path(stage, work).parent)
@@ -282,7 +299,7 @@ def _explain(client, run_id: str, exc: BaseException, stage: str, tag: str) -> N
         line = describe(exc, stage)[1]
         try:
             _retry(client.log_batch, run_id, tags=[_tag(tag, line), _tag("mlflow.note.content", line)], tries=3)
-        except Exception:  # noqa: BLE001 - the failure itself is what the user must see
+        except Exception:
             pass
 
 

@@ -266,7 +266,7 @@ def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
     for attempt in range(tries):
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - filtered below
+        except Exception as exc:
             fatal = next((why for s, why in _FATAL.items() if s in _exc_text(exc)), None)
             if fatal:
                 raise StoreError(f"MLflow tracking store {configured_uri()}: {fatal}") from exc
@@ -284,7 +284,7 @@ class _DropLockedNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             return "database is locked" not in record.getMessage()
-        except Exception:  # noqa: BLE001
+        except Exception:
             return True
 
 

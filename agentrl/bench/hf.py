@@ -1,0 +1,171 @@
+"""`python -m agentrl bench --backend qwen3`: the Qwen3 backend's sampler and update, measured side by side.
+
+- Sampling: the rollout's own token loop (agentrl.rl.rollout._sample_calls on the backend's KV-cached sampler)
+  against plain `transformers` `generate` (temperature 1, top-k and top-p off) on the same prompts, each asked for
+  exactly the same number of new tokens; alternating order, median seconds per new token.
+- Memory: one update's forward and backward on the same demonstrations with the LM head on policy positions only
+  (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh process, its peak resident
+  set above the resident set it had before the update.
+
+The model is a small random-init Qwen3 made from the seed (speed and memory do not depend on what it has learned),
+or a user's Qwen3 directory (--model). Absolute figures depend on the machine; the ratios are the result.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOKENIZER_DIR = Path("data/tokenizers/qwen3")
+
+
+def small_or_given(model_dir: str | None, hidden: int, layers: int):
+    """(model, chat) for the bench: the user's Qwen3 directory, or a small random-init Qwen3 made from seed 0."""
+    from agentrl.backends.qwen3 import load_qwen3, load_tokenizer, make_small_qwen3
+    from agentrl.core.seeding import generator
+    from agentrl.env.chat import Qwen3ToolChat
+    if model_dir:
+        return load_qwen3(model_dir, "--model"), Qwen3ToolChat(load_tokenizer(model_dir, "--model"))
+    path = Path(tempfile.mkdtemp(prefix="agentrl-bench-qwen3-"))
+    model = make_small_qwen3(path, generator(0, "bench", "init"), TOKENIZER_DIR, hidden=hidden, layers=layers)
+    return model, Qwen3ToolChat(load_tokenizer(path))
+
+
+def prompts(chat, rows: int) -> list[list[int]]:
+    """The menu lab's first prompts (Qwen3's template with the gym's tools) of `rows` episodes."""
+    import torch
+
+    from agentrl.env.gym.environment import make_env_factory
+    from agentrl.env.tasks import make_tasks
+    tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
+    return [chat.prompt(factory(tasks[i % len(tasks)], gen)) for i in range(rows)]
+
+
+def backend_sample(model, chat, batch: list[list[int]], new_tokens: int, seed: int) -> float:
+    """Seconds for the rollout's token loop to draw `new_tokens` tokens in every row (no stop token)."""
+    import torch
+
+    from agentrl.rl.rollout import _sample_calls
+    gen = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        sampler = model.sampler(chat.pad_id)
+        calls, _ = _sample_calls(sampler, sampler.append(batch), gen, 1.0, new_tokens, -1, chat.pad_id)
+        seconds = time.perf_counter() - t0
+    assert all(len(c) == new_tokens for c in calls)
+    return seconds
+
+
+def plain_generate(model, chat, batch: list[list[int]], new_tokens: int, seed: int) -> float:
+    """Seconds for `model.lm.generate` on the same prompts, left-padded, sampling at temperature 1 with top-k and
+    top-p off, exactly `new_tokens` new tokens per row."""
+    import torch
+    width = max(map(len, batch))
+    ids = torch.tensor([[chat.pad_id] * (width - len(r)) + r for r in batch])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in batch])
+    torch.manual_seed(seed)   # generate draws from the global generator
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model.lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                pad_token_id=chat.pad_id)
+        seconds = time.perf_counter() - t0
+    assert out.shape[1] == width + new_tokens
+    return seconds
+
+
+def compare_sampling(model, chat, rows: int, new_tokens: int, repeats: int) -> dict:
+    batch = prompts(chat, rows)
+    runs = {"backend": backend_sample, "generate": plain_generate}
+    times: dict = {name: [] for name in runs}
+    for i in range(repeats + 1):
+        for name in (("backend", "generate") if i % 2 else ("generate", "backend")):
+            s = runs[name](model, chat, batch, new_tokens, i)
+            if i:   # the first round warms up
+                times[name].append(s / new_tokens)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    return {"rows": rows, "prompt_tokens": statistics.median(map(len, batch)), "new_tokens": new_tokens,
+            "backend_s_per_token": med["backend"], "generate_s_per_token": med["generate"],
+            "speedup": med["generate"] / med["backend"]}
+
+
+def update_memory(model, chat, variant: str, rows: int) -> dict:
+    """Peak resident set of one forward and backward of the token-mean policy loss on `rows` expert demonstrations,
+    above the resident set before it: the LM head on policy positions ("policy") or full logits ("full")."""
+    import torch
+
+    from agentrl.env.gym.environment import make_env_factory
+    from agentrl.env.tasks import make_tasks
+    from agentrl.model.logprobs import selected_log_probs
+    from agentrl.rl.rollout import collate
+    from agentrl.starting.chat import expert_demo
+    tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
+    batch = collate([expert_demo(factory(tasks[i % len(tasks)], gen), chat) for i in range(rows)], chat.pad_id)
+    ids, mask = batch["ids"], batch["action_mask"]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB; the peak so far (model, batch)
+    t0 = time.perf_counter()
+    if variant == "policy":
+        logp, _ = model.log_probs(ids, mask > 0)
+    else:
+        logits = model.lm(input_ids=ids).logits[:, :-1]     # [B, T-1, vocab]
+        logp = selected_log_probs(logits, ids[:, 1:])
+    loss = -(logp * mask).sum() / mask.sum()
+    loss.backward()
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"variant": variant, "rows": rows, "width": int(ids.shape[1]), "policy_tokens": int(mask.sum()),
+            "peak_above_mib": (peak - before) / 1024, "peak_mib": peak / 1024, "seconds": seconds}
+
+
+def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int) -> dict:
+    """update_memory in a fresh process (ru_maxrss is a process's lifetime peak)."""
+    cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows), str(threads),
+           model_dir or ""]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench memory child ({variant}) failed: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_qwen3_bench(args, hidden: int = 64, layers: int = 2) -> int:
+    import torch
+
+    from agentrl.core.numerics import cpu_info
+    threads = max(args.threads)
+    torch.set_num_threads(threads)
+    model, chat = small_or_given(args.model, hidden, layers)
+    model.eval()
+    cpu = cpu_info()
+    print(f"bench qwen3: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
+          f"{threads} thread(s), {cpu['vendor']} {cpu['model']}")
+    s = compare_sampling(model, chat, args.rows, args.new_tokens, args.steps)
+    print(f"  sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new tokens each "
+          f"(median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new token, "
+          f"plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
+    mem = {v: child_memory(v, args.model, hidden, layers, args.memory_rows, threads) for v in ("policy", "full")}
+    p, f = mem["policy"], mem["full"]
+    print(f"  update memory, {p['rows']} rows of {p['width']} tokens ({p['policy_tokens']} policy tokens), forward "
+          f"+ backward, peak resident set above the start: LM head on policy positions {p['peak_above_mib']:.0f} MiB "
+          f"({p['seconds']:.2f} s), full logits {f['peak_above_mib']:.0f} MiB ({f['seconds']:.2f} s): "
+          f"x{f['peak_above_mib'] / max(p['peak_above_mib'], 1):.1f}")
+    if args.json:
+        print(json.dumps({"sampling": s, "memory": mem, "threads": threads,
+                          "cpu": {"vendor": cpu["vendor"], "model": cpu["model"]}}))
+    return 0
+
+
+if __name__ == "__main__":   # the memory child: variant hidden layers rows threads [model_dir]
+    import os
+
+    from agentrl.core import numerics
+    numerics.pin(os.environ.get("AGENTRL_NUMERICS", "portable"))   # the parent's mode (its pin exported it)
+    import torch
+    variant, hidden, layers, rows, threads = sys.argv[1], *map(int, sys.argv[2:6])
+    torch.set_num_threads(threads)
+    model, chat = small_or_given(sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else None, hidden, layers)
+    print(json.dumps(update_memory(model, chat, variant, rows)))

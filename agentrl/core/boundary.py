@@ -1,0 +1,185 @@
+"""The error boundary of every entry point (each CLI verb, each stage): what a failure looks like to the user.
+
+    a problem the user can fix (UserError: a bad param or argument, a missing or corrupted input, a store that
+    does not answer)                         -> one line `error: ...` on stderr, exit code 2
+    the machine refused (disk full, read-only, no permission)
+                                             -> one line naming the file and what to do, exit code 1
+    anything else                            -> one line naming the exception and a log file that holds the
+                                                traceback (AGENTRL_DEBUG=1: the traceback on stderr), exit code 1
+    Ctrl-C (SIGINT)                          -> exit code 130
+    SIGTERM                                  -> exit code 143
+
+Signals are raised as exceptions in the main thread (KeyboardInterrupt, `Terminated`), so whatever is open on the
+way out (an MLflow run, a temporary file) is closed as interrupted. Once an entry point has recorded its work as
+finished (`mark_finished`), a late signal no longer changes the outcome: the process exits 0 and says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from agentrl.core.knobs import UserError
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+DEBUG_ENV = "AGENTRL_DEBUG"           # 1: print the traceback of an unexpected error instead of logging it
+LOG_DIR_ENV = "AGENTRL_LOG_DIR"       # where tracebacks go (default: <tmp>/agentrl-logs)
+MAX_LINE = 400                        # a message longer than this is cut (a 10,000-character key stays one line)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
+              errno.EDQUOT: "free space (disk quota) and run again",
+              errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
+              errno.EACCES: "check the permissions of that path", errno.EPERM: "check the permissions of that path"}
+_state = {"finished": False, "signalled": False}
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the work in progress is closed as killed (like Ctrl-C)."""
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """The first non-empty line of `text`, cut to `limit` characters."""
+    line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
+    return line if len(line) <= limit else f"{line[:limit]}... ({len(line):,} characters)"
+
+
+def log_dir() -> Path:
+    return Path(os.environ.get(LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "agentrl-logs")
+
+
+def _write_log(name: str, exc: BaseException) -> Path | None:
+    path = log_dir() / f"{name.replace('/', '_').replace('@', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{name}: {' '.join(sys.argv)}\n" + "".join(traceback.format_exception(exc)))
+        return path
+    except OSError:
+        return None
+
+
+def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
+    """(exit code, the one line the user sees) for an exception; computed once per exception, so an MLflow run
+    closed on the way out carries the same line (and log file) the user reads."""
+    known = getattr(exc, "_agentrl_outcome", None)
+    if known is not None:
+        return known
+    if isinstance(exc, KeyboardInterrupt):
+        outcome = EXIT_INTERRUPTED, f"{name}: interrupted (SIGINT)"
+    elif isinstance(exc, Terminated):
+        outcome = EXIT_TERMINATED, f"{name}: terminated (SIGTERM)"
+    elif isinstance(exc, UserError):
+        outcome = EXIT_BAD_INPUT, one_line(str(exc)) or type(exc).__name__
+    elif isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
+        where = exc.filename or "its output"
+        outcome = EXIT_FAILED, one_line(f"{name}: cannot write {where}: {exc.strerror}; {_OS_ADVICE[exc.errno]}")
+    else:
+        first = one_line(str(exc), 200)
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exception(exc, file=sys.stderr)
+            outcome = EXIT_FAILED, f"{name}: unexpected {type(exc).__name__}" + (f": {first}" if first else "")
+        else:
+            log = _write_log(name, exc)
+            outcome = EXIT_FAILED, (f"{name}: unexpected {type(exc).__name__}" + (f": {first}" if first else "")
+                                    + (f" (traceback: {log}; {DEBUG_ENV}=1 prints it)" if log else ""))
+    with contextlib.suppress(AttributeError, TypeError):
+        exc._agentrl_outcome = outcome
+    return outcome
+
+
+def _raise_signal(signum, frame):
+    """The first SIGINT or SIGTERM becomes an exception; later ones (DVC and the terminal both forward Ctrl-C) are
+    ignored while the first unwinds, so the cleanup it triggers is not itself cut short (SIGKILL still stops it)."""
+    if _state["signalled"]:
+        return
+    _state["signalled"] = True
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def signals_as_exceptions():
+    """SIGTERM -> Terminated and SIGINT -> KeyboardInterrupt for the duration (main thread only: elsewhere
+    Python cannot set handlers and the caller's stay)."""
+    try:
+        before = {sig: signal.signal(sig, _raise_signal) for sig in SIGNALS}
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def signals_blocked():
+    """Hold SIGINT and SIGTERM back while a status is recorded (so the record is never half-written); a signal
+    that arrived meanwhile is delivered when the block ends."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    except (AttributeError, ValueError, OSError):   # not POSIX
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def mark_finished() -> None:
+    """The entry point's work is recorded as finished: a signal from now on does not turn it into a failure."""
+    _state["finished"] = True
+
+
+def guard(name: str, fn, *args, **kwargs) -> int:
+    """Run fn(*args, **kwargs) inside the boundary; return its exit code (None is 0) after printing the one line a
+    failure deserves (see the module doc)."""
+    _state.update(finished=False, signalled=False)
+    try:
+        with signals_as_exceptions():
+            code = fn(*args, **kwargs)
+            sys.stdout.flush()   # output that cannot be written (a full disk under `> file`) fails here, not at exit
+        return int(code or 0)
+    except SystemExit as exc:   # argparse and friends already printed their line
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        print(f"error: {one_line(str(exc.code))}", file=sys.stderr)
+        return EXIT_FAILED
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, Terminated)) and _state["finished"]:
+            print(f"warning: {name}: a signal arrived after the work was recorded as finished; ignored",
+                  file=sys.stderr)
+            return 0
+        code, line = describe(exc, name)
+        if isinstance(exc, OSError) and exc.filename is None:
+            _drop_stdout()
+        print(f"error: {line}", file=sys.stderr)
+        return code
+    finally:
+        sys.stderr.flush()
+
+
+def _drop_stdout() -> None:
+    """After stdout could not be written, send what is still buffered to /dev/null, so the interpreter's exit does
+    not fail on it a second time with a traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def check_threads(threads: int) -> None:
+    """A thread count above the machine's cores is allowed (results depend on the count, not the machine) but
+    slow: one warning line."""
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        print(f"warning: run.threads={threads} exceeds this machine's {cores} cores: the run will be slower (results "
+              "depend on the thread count, so keep it to reproduce a run)", file=sys.stderr)

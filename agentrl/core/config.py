@@ -1,0 +1,437 @@
+"""Every knob of the pipeline, declared once.
+
+One frozen dataclass per params.yaml section; every field is a `knob` (agentrl.core.knobs) that states its type, its
+range or allowed values and what it means. `validate` checks every field by its declaration (numbers must be
+finite; a YAML '1e-3' string is read as a float), so a section object that exists is valid. `load_params` reads
+params.yaml, rejects unknown or missing sections and unknown keys, and builds the sections a stage asks for; every
+problem is one line naming the field and what is allowed (ParamsError), before any compute and before any output
+is written.
+
+This module is the bottom layer: the allowed values of enumerated knobs (families, loss modes, KL estimators,
+rewards, fault names, the research knobs' variants) are declared here and the registries that implement them are
+checked against these tuples by tests.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from agentrl.core import strict_yaml
+from agentrl.core.knobs import ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob, validate  # noqa: F401
+from agentrl.core.numerics import NUMERICS_MODES
+
+FAMILIES = ("minmax", "range", "init", "compare", "zero")
+LOSS_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+KL_KINDS = ("k1", "k2", "k3")
+REWARDS = ("hidden", "public")
+KEEP_MODES = ("all", "informative", "resample")
+RATIO_LEVELS = ("token", "sequence")
+ADV_ESTIMATORS = ("grpo", "rloo")
+REWARD_SCALES = ("none", "group", "batch")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+CURRICULA = ("none", "pass_rate")
+FAULT_NAMES = ("mask_shift", "stale_old_logp", "entropy_sign", "sign_flip", "accum_local", "sampler_temp",
+               "ref_is_policy")
+STARTS = ("base", "sft")   # starting policies an ablation arm may name
+# the ablation's arms: name -> overrides of rl: ("rl.<key>": value) and the starting policy ("start")
+ARMS = {"default": {}, "kl": {"rl.kl_coef": 0.05, "rl.kl_kind": "k3"}, "sft": {"start": "sft"},
+        "public": {"rl.reward": "public"}}
+
+
+def _int(default, doc="", lo=None, **kw):
+    return knob(default, int, doc, lo=lo, **kw)
+
+
+SEED_MAX = 2**64 - 1   # torch.Generator.manual_seed takes at most 64 bits
+SEED = {"lo": 0, "hi": SEED_MAX}
+CLIP = {"lo": 0.0, "hi": 1.0, "lo_open": True, "hi_open": True}   # a clip range below 1: ratio >= 1 - eps > 0
+
+
+# ---------------------------------------------------------------- the sections
+
+@dataclass(frozen=True)
+class RunConfig(Section):
+    seed: int = _int(0, "every random stream derives from it (agentrl.core.seeding)", **SEED)
+    threads: int = _int(2, "torch.set_num_threads at every entry point, before any tensor work", lo=1)
+    numerics: str = knob("portable", str, "CPU kernels: portable (AVX2-level, the same bits on every x86-64 machine"
+                         " with AVX2) or native (the CPU's best; bits tied to the machine class)",
+                         choices=NUMERICS_MODES)
+
+
+@dataclass(frozen=True)
+class TasksConfig(Section):
+    families: list = knob(list(FAMILIES), list, "bug families in the catalogue", item=str, choices=FAMILIES,
+                          nonempty=True, unique=True)
+
+
+@dataclass(frozen=True)
+class ModelParams(Section):
+    d_model: int = _int(64, lo=1)
+    n_layer: int = _int(3, lo=1)
+    n_head: int = _int(4, lo=1)
+    d_ff: int = _int(256, lo=1)
+    max_len: int = _int(1024, lo=64)
+    tie_embeddings: bool = knob(True, bool)
+    emb_std: float = knob(1.0, float, "token-embedding init std (docs/design.md: held-out generalization)",
+                          lo=0.0, lo_open=True)
+
+    def check(self):
+        if self.d_model % self.n_head:
+            raise ConfigError(f"ModelParams.n_head: must divide d_model={self.d_model}, got {self.n_head}")
+
+
+@dataclass(frozen=True)
+class BaseConfig(Section):
+    """The scripted mixture the RL base is cloned from, and the cloning run."""
+    p_read: float = prob(0.25, "first call reads the source")
+    p_right_after_read: float = prob(0.3, "after reading, apply the keyword rule's op; otherwise guess")
+    p_hardcode: float = prob(0.14, "a guess is hardcode_tests with this probability, else a uniform repair op")
+    p_test: float = prob(0.3, "run the tests after the edit")
+    p_give_up: float = prob(0.3, "at the edit decision, submit the unedited source instead")
+    p_persist: float = prob(0.0, "after a test showed a failure, keep trying (read/test/another edit) per turn")
+    p_malformed: float = prob(0.03, "any call is replaced by a malformed one")
+    cover_read: float = prob(0.6, "demonstrations open with a read this often (targets keep p_read)")
+    p_rename_operands: float = prob(0.75, "demonstrations show operands under filler names this often")
+    choice_weight: float = knob(8.0, float, "loss weight of choice points (targets that are not one-hot)", lo=1.0)
+    teach_steps: int = _int(150, "first clone a mixture that always applies the keyword op after a read", lo=0)
+    demos_per_task: int = _int(100, lo=1)
+    steps: int = _int(300, lo=1)
+    batch_size: int = _int(64, lo=1)
+    lr: float = knob(3e-3, float, lo=0.0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class SFTConfig(Section):
+    steps: int = _int(10, "the cold start: steps on one oracle demonstration per train task", lo=1)
+    lr: float = knob(1e-4, float, lo=0.0, lo_open=True)
+    describe_per_task: int = _int(16, "episodes per train task for describe() (pass@8 needs 8)", lo=8)
+
+
+@dataclass(frozen=True)
+class RLConfig(Section):
+    """GRPO (agentrl.rl.trainer); the seed is run.seed."""
+    group_size: int = _int(8, "episodes per task (the GRPO group; two or more to compare)", lo=2)
+    tasks_per_step: int = _int(8, "groups per step: 64 episodes", lo=1)
+    lr: float = knob(3e-4, float, "Adam; 1e-3 takes ~10x larger steps on this parametrization (docs/design.md)",
+                     lo=0.0, lo_open=True)
+    epochs: int = _int(1, "passes over the batch per step", lo=1)
+    minibatches: int = _int(2, "optimizer steps per epoch", lo=1)
+    microbatches: int = _int(1, "gradient accumulation inside a minibatch (token-weighted, exact)", lo=1)
+    clip_eps: float = knob(0.2, float, "the clip range on both sides (clip_eps_low/high override a side)", **CLIP)
+    max_grad_norm: float = knob(1.0, float, lo=0.0, lo_open=True)
+    temperature: float = knob(1.0, float, "sampling temperature", lo=0.0, lo_open=True)
+    kl_coef: float = knob(0.0, float, "KL to the frozen starting policy (0 = no reference)", lo=0.0)
+    kl_kind: str = knob("k3", str, choices=KL_KINDS)
+    entropy_coef: float = knob(0.0, float)
+    loss_mode: str = knob("token_mean", str, choices=LOSS_MODES)
+    loss_norm_len: int = _int(1024, "seq_mean_token_sum_norm divides the summed loss by rows x this constant (verl's "
+                              "loss_scale_factor), not by the padded width; default: the longest row the model "
+                              "takes (model.max_len)", lo=1)
+    adv_std_scale: bool = knob(False, bool, "GRPO std scaling of group advantages (off: Dr. GRPO)")
+    keep: str = knob("all", str, "train on all groups, or only 'informative' ones", choices=KEEP_MODES)
+    max_turns: int = _int(6, lo=1)
+    max_call_tokens: int = _int(5, "a call without </call> is cut off after this many tokens", lo=3)
+    reward: str = knob("hidden", str, "hidden tests; 'public' is the reward-hacking control", choices=REWARDS)
+    rename: bool = knob(True, bool, "randomize function names per episode")
+    seed: int = _int(0, "run.seed (not an rl key)", **SEED)
+    # research knobs (docs/research.md); at their defaults a run is bit-identical to plain GRPO above
+    clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", **CLIP,
+                                      nullable=True)
+    clip_eps_high: float | None = knob(None, float, "clip range above 1 (DAPO clip-higher, e.g. 0.28; null: clip_eps)",
+                                       lo=0.0, lo_open=True, nullable=True)
+    clip_ratio_c: float | None = knob(None, float, "dual clip: for A < 0 a token's loss is at most c * |A| (null: off)",
+                                      lo=1.0, lo_open=True, nullable=True)
+    ratio_level: str = knob("token", str, "one importance ratio per token, or per sequence (GSPO)",
+                            choices=RATIO_LEVELS)
+    adv_estimator: str = knob("grpo", str, "baseline: the group mean, or the mean of the group's other episodes",
+                              choices=ADV_ESTIMATORS)
+    scale_rewards: str | None = knob(None, str, "divide advantages by the reward std of the group or the batch "
+                                     "(null: group if adv_std_scale, else none)", choices=REWARD_SCALES, nullable=True)
+    resample_cap: int = _int(4, "keep: resample draws at most this many x tasks_per_step groups per step", lo=1)
+    lr_warmup: int = _int(0, "the first this-many steps ramp the learning rate linearly up to lr", lo=0)
+    lr_schedule: str = knob("constant", str, "after warmup: constant, or linear / cosine decay to 0 at the last step",
+                            choices=LR_SCHEDULES)
+    entropy_target: float | None = knob(None, float, "adapt the entropy coefficient (from entropy_coef, >= 0) to hold "
+                                        "the mean token entropy near this many nats (null: fixed)", lo=0.0,
+                                        lo_open=True, nullable=True)
+    entropy_coef_lr: float = knob(0.1, float, "entropy target: per step the coefficient moves by this x (target - "
+                                  "entropy)", lo=0.0, lo_open=True)
+    curriculum: str = knob("none", str, "pass_rate: sample tasks with weight p(1-p) of their recent pass rate p",
+                           choices=CURRICULA)
+    curriculum_window: int = _int(10, "curriculum: the pass rate of the last this-many steps (Laplace-smoothed)",
+                                  lo=1)
+
+    def check(self):
+        if self.group_size * self.tasks_per_step < self.minibatches:
+            raise ConfigError(f"RLConfig.minibatches: {self.minibatches} exceeds the batch "
+                              f"({self.group_size * self.tasks_per_step} episodes)")
+        if self.adv_std_scale and self.scale_rewards not in (None, "group"):
+            raise ConfigError(f"RLConfig.scale_rewards: {self.scale_rewards!r} contradicts adv_std_scale=true (its "
+                              "shorthand for 'group'); set one of them")
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(low, high): the ratio is clipped to [1 - low, 1 + high]; clip_eps is the shorthand for both."""
+        return (self.clip_eps if self.clip_eps_low is None else self.clip_eps_low,
+                self.clip_eps if self.clip_eps_high is None else self.clip_eps_high)
+
+    @property
+    def reward_scale(self) -> str:
+        """none, group or batch: scale_rewards, or its shorthand adv_std_scale."""
+        return self.scale_rewards or ("group" if self.adv_std_scale else "none")
+
+
+@dataclass(frozen=True)
+class PreflightConfig(Section):
+    kl_coef: float = knob(0.1, float, "so invariant 9 (KL to reference > 0) has teeth", lo=0.0, lo_open=True)
+    bugs: list = knob(list(FAULT_NAMES), list, "injected faults of the fault matrix", item=str,
+                      choices=FAULT_NAMES, unique=True)
+
+
+@dataclass(frozen=True)
+class TrainConfig(Section):
+    steps: int = _int(60, lo=1)
+    checkpoint_every: int = _int(10, lo=1)
+    eval_per_task: int = _int(16, "validation episodes per task at each checkpoint", lo=1)
+
+
+@dataclass(frozen=True)
+class SelectConfig(Section):
+    """The chosen checkpoint is the best on validation; the stopping rules, fixed before the run, only report where
+    they would have stopped and what that would have cost (agentrl.eval.stopping)."""
+    n_boot: int = _int(10000, lo=100)
+    alpha: float = knob(0.05, float, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    stop_patience: int = _int(0, "rule (a): stop after this many checkpoints in a row that do not beat the previous "
+                              "checkpoint's interval (0: off)", lo=0)
+    stop_zero_adv: float = prob(0.75, "rule (b): the zero-advantage share it watches ...")
+    stop_zero_adv_steps: int = _int(0, "... stop once zero_adv_frac stayed above it for this many steps (0: off)",
+                                    lo=0)
+
+
+@dataclass(frozen=True)
+class TestConfig(Section):
+    episodes_per_task: int = _int(32, lo=1)
+    ks: list = knob([1, 2, 4, 8], list, item=int, lo=1, nonempty=True)
+    n_boot: int = _int(10000, lo=100)
+    alpha: float = knob(0.05, float, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+
+    def check(self):
+        if max(self.ks) > self.episodes_per_task:
+            raise ConfigError(f"TestConfig.ks: k={max(self.ks)} exceeds episodes_per_task={self.episodes_per_task}")
+
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def arm_overrides(arm: str, spec: dict) -> tuple[dict, str]:
+    """An arm's (rl overrides, starting policy), every key and value checked: "rl.<key>" is any rl key with a value
+    it allows, "start" is one of STARTS. Raises ConfigError naming the arm and the field."""
+    where = f"AblateConfig.arms: {arm}"
+    if not isinstance(arm, str) or not ARM_NAME.match(arm):
+        raise ConfigError(f"AblateConfig.arms: {arm!r}: an arm name is letters, digits and _ (it names DVC stages)")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a mapping of overrides like {{rl.lr: 0.0001}}, got {spec!r}")
+    rl, start = {}, "base"
+    for key, value in spec.items():
+        if key == "start":
+            if value not in STARTS:
+                raise ConfigError(f"{where}: start: unknown value {value!r}; allowed: {', '.join(STARTS)}")
+            start = value
+        elif isinstance(key, str) and key.startswith("rl.") and key[3:] in section_keys("rl"):
+            rl[key[3:]] = value
+        else:
+            raise ConfigError(f"{where}: {key}: unknown key; allowed: start, rl.<key> with <key> one of "
+                              f"{', '.join(section_keys('rl'))}")
+    try:
+        RLConfig(**rl)
+    except ConfigError as exc:
+        field_, rest = str(exc).split(":", 1)
+        raise ConfigError(f"{where}: rl.{field_.split('.', 1)[-1]}:{rest}") from None
+    return rl, start
+
+
+@dataclass(frozen=True)
+class AblateConfig(Section):
+    arms: dict = knob(ARMS, dict, "arm -> overrides: {rl.<key>: value, start: base|sft}; add one with dvc exp run "
+                      "-S '+ablate.arms.<name>={rl.<key>: value}'", nonempty=True)
+    seeds: list = knob([0, 1, 2], list, item=int, **SEED, nonempty=True, unique=True)
+    steps: int = _int(30, lo=1)
+    eval_per_task: int = _int(16, "on all 10 held-out tasks", lo=1)
+    n_boot: int = _int(10000, lo=100)
+    alpha: float = knob(0.05, float, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+
+    def check(self):
+        for arm, spec in self.arms.items():
+            arm_overrides(arm, spec)
+
+
+@dataclass(frozen=True)
+class FaultsConfig(Section):
+    steps: int = _int(24, "most catalogue runs", lo=1)
+    short_steps: int = _int(8, "sign_flip and lr 1e-2", lo=1)
+    eval_every: int = _int(8, "held-out evaluation every this many steps", lo=1)
+    eval_per_task: int = _int(8, lo=1)
+    high_lr: float = knob(1e-2, float, lo=0.0, lo_open=True)
+    kl_coef: float = knob(0.1, float, "the KL run and its ref_is_policy twin", lo=0.0, lo_open=True)
+
+
+# the mixture knobs of the length pair's start: LengthConfig.p_<k> replaces BaseConfig.p_<k>
+LENGTH_START_KNOBS = ("read", "test", "give_up", "hardcode", "persist")
+
+
+@dataclass(frozen=True)
+class LengthConfig(Section):
+    """The length-bias pair (docs/length_bias.md): its start, its runs, and the seeds of the robustness study."""
+    p_read: float = prob(1.0, "the start reads, ...")
+    p_test: float = prob(1.0, "... tests every repair, ...")
+    p_give_up: float = prob(0.0, "... never gives up ...")
+    p_hardcode: float = prob(0.0, "... or hardcodes, ...")
+    p_persist: float = prob(0.8, "... and after a failed test keeps calling tools with this probability per turn")
+    steps: int = _int(16, lo=1)
+    turns: int = _int(12, "max_turns of both runs", lo=1)
+    kl_coef: float = knob(0.05, float, "both runs: KL to their start (rl.kl_kind)", lo=0.0)
+    tasks_per_step: int = _int(8, "both runs (as rl.tasks_per_step)", lo=1)
+    seeds: list = knob([], list, "the length_pair study's seeds (empty: not in the default pipeline)", item=int,
+                       **SEED, unique=True)
+
+
+@dataclass(frozen=True)
+class ThreadsConfig(Section):
+    steps: int = _int(30, "the first steps of the main run ...", lo=1)
+    compare_threads: int = _int(1, "... re-run at this thread count", lo=1)
+    eval_per_task: int = _int(16, "held-out episodes per task for both runs", lo=1)
+
+
+@dataclass(frozen=True)
+class BehaviourConfig(Section):
+    episodes_per_task: int = _int(32, "episodes per held-out task for 'what the agent learned'", lo=1)
+    transcripts_per_family: int = _int(1, lo=0)
+
+
+LABS = ("menu", "tools")        # the real-model labs (agentrl.labs; docs/labs.md)
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class LabConfig(Section):
+    """The real-model labs (docs/labs.md): outside the default pipeline (runs is empty by default)."""
+    runs: list = knob([], list, "the labs stage lab runs (empty: not in the default pipeline)", item=str,
+                      choices=LABS, unique=True)
+    model: str | None = knob(None, str, "a Qwen3 model directory (config.json, weights, tokenizer files); null: a "
+                             "small random-init Qwen3 written here with save_pretrained", nullable=True)
+    device: str = knob("cpu", str, "where the model and every tensor live", choices=DEVICES)
+    hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8)
+    layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1)
+    demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=1)
+    clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps", lo=1)
+    clone_lr: float = knob(3e-3, float, "cold start: Adam learning rate", lo=0.0, lo_open=True)
+    clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1)
+    steps: int = _int(25, "GRPO steps", lo=1)
+    tasks_per_step: int = _int(4, "GRPO: tasks per step", lo=1)
+    episodes_per_task: int = _int(8, "GRPO: episodes per task (the group)", lo=2)
+    lr: float = knob(4e-4, float, "GRPO: Adam learning rate", lo=0.0, lo_open=True)
+    microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1)
+    new_tokens: int = _int(24, "new tokens per turn: a turn without <|im_end|> is cut off after this many", lo=3)
+    tools_new_tokens: int = _int(72, "the tools lab's new tokens per turn (an Edit call carries whole lines)", lo=3)
+    tools_clone_steps: int = _int(150, "the tools lab's cold-start steps (its conversations are longer)", lo=1)
+    tools_steps: int = _int(8, "the tools lab's GRPO steps", lo=1)
+    tools_episodes_per_task: int = _int(4, "the tools lab's GRPO group", lo=2)
+    max_turns: int = _int(6, "turns per episode", lo=1)
+    eval_per_task: int = _int(8, "held-out episodes per task, before and after GRPO", lo=1)
+    eval_batch: int = _int(40, "held-out episodes sampled together", lo=1)
+
+
+SECTIONS = {
+    "run": RunConfig, "tasks": TasksConfig, "model": ModelParams, "base": BaseConfig, "sft": SFTConfig,
+    "rl": RLConfig, "preflight": PreflightConfig, "train": TrainConfig, "select": SelectConfig, "test": TestConfig,
+    "ablate": AblateConfig, "faults": FaultsConfig, "length": LengthConfig, "threads": ThreadsConfig,
+    "behaviour": BehaviourConfig, "lab": LabConfig,
+}
+
+
+def section_values(name: str, obj) -> dict:
+    """The values a stage read from one params section (rl.seed is run.seed, not an rl key)."""
+    values = obj.to_dict()
+    if name == "rl":
+        values.pop("seed", None)
+    return values
+
+
+def section_keys(name: str) -> list[str]:
+    """The keys a params.yaml section may hold (rl.seed is run.seed, not an rl key)."""
+    return [f.name for f in fields(SECTIONS[name]) if not (name == "rl" and f.name == "seed")]
+
+
+def defaults(name: str) -> dict:
+    """The library default of every key of a section."""
+    out = {}
+    for f in fields(SECTIONS[name]):
+        if f.name in section_keys(name):
+            out[f.name] = f.default_factory() if f.default is MISSING else f.default
+    return out
+
+
+# ---------------------------------------------------------------- params.yaml
+
+def read_params_file(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: file not found")
+    try:
+        raw = strict_yaml.load(path.read_text()) or {}
+    except strict_yaml.DuplicateKeyError as exc:
+        raise ParamsError(f"{path}: {exc}; keep one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ParamsError(f"{path}: not valid YAML ({where}{getattr(exc, 'problem', None) or type(exc).__name__})") \
+            from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ParamsError(f"{path}: unreadable ({type(exc).__name__}); it must be UTF-8 YAML text") from None
+    except ValueError as exc:   # e.g. an integer literal of more digits than Python converts
+        raise ParamsError(f"{path}: not valid YAML ({str(exc)[:120]})") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections")
+    unknown = sorted(set(raw) - set(SECTIONS), key=str)
+    if unknown:
+        raise ParamsError(f"{path}: {unknown[0]}: unknown section; allowed: {', '.join(SECTIONS)}")
+    return raw
+
+
+def load_section(name: str, raw: dict, path: str = "params.yaml", seed: int | None = None):
+    """Validate one section of a parsed params file -> its config object. A missing section is an error;
+    keys missing from a present section take their declared defaults."""
+    if name not in raw:
+        raise ParamsError(f"{path}: {name}: missing section; every stage's sections must be present "
+                          f"(keys: {', '.join(section_keys(name))})")
+    values = raw.get(name) or {}
+    if not isinstance(values, dict):
+        raise ParamsError(f"{path}: {name}: expected a mapping, got {values!r}")
+    allowed = section_keys(name)
+    unknown = sorted((k for k in values if k not in allowed), key=str)
+    if unknown:
+        hint = "; set run.seed instead (one seed for the whole pipeline)" if name == "rl" and "seed" in unknown \
+            else f"; allowed: {', '.join(allowed)}"
+        raise ParamsError(f"{path}: {name}.{unknown[0]}: unknown key{hint}")
+    if name == "rl" and seed is not None:
+        values = {**values, "seed": seed}
+    try:
+        return SECTIONS[name](**values)
+    except ConfigError as exc:
+        cls, rest = str(exc).split(":", 1)
+        raise ParamsError(f"{path}: {name}.{cls.split('.', 1)[-1]}:{rest}") from None
+
+
+def load_params(sections: list[str], path: str | Path = "params.yaml") -> dict:
+    """The named sections of params.yaml, validated -> {name: config}. The rl section takes run.seed."""
+    raw = read_params_file(path)
+    seed = load_section("run", raw, str(path)).seed if "rl" in sections else None
+    return {name: load_section(name, raw, str(path), seed) for name in sections}
+
+
+def validate_all(path: str | Path = "params.yaml") -> dict:
+    """Every section of params.yaml, validated (the whole pipeline's params, before any stage runs)."""
+    return load_params(list(SECTIONS), path)

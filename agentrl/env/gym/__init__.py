@@ -1,0 +1,1 @@
+"""The coding gym: its episodes, scripted callers and word-level tokenizer."""

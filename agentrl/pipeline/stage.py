@@ -1,0 +1,88 @@
+"""What every stage script shares: `run_stage(name, sections, inputs, body)`.
+
+    1. validate: the params sections the stage reads (and run), and that every input exists -- a problem is one
+       line on stderr and exit code 2, before any compute, any MLflow run or any output
+    2. numerics and threads: agentrl.core.numerics.enter(run.threads, run.numerics) pins the CPU kernels and sets the
+       thread count, the stage's only such setting, before torch is imported
+    3. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
+    4. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
+       diverged run) is again one line and exit code 2, and the run is marked FAILED
+
+All of it runs inside the error boundary (agentrl.core.boundary): an unexpected exception is one line and a log file
+(exit 1), Ctrl-C exits 130 and SIGTERM 143 with the run marked KILLED; on any failure SystemExit carries the code.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.core.boundary import check_threads, guard
+from agentrl.core.config import UserError, section_values
+
+
+@dataclass
+class StageContext:
+    name: str
+    params: dict          # section -> validated config object
+    run: object           # agentrl.tracking.run.StageRun
+
+    @property
+    def seed(self) -> int:
+        return self.params["run"].seed
+
+    @property
+    def threads(self) -> int:
+        return self.params["run"].threads
+
+
+def read_keys(values: dict, keys: list[str]) -> dict:
+    """The keys of a section a stage reads; "key.entry" keeps only that entry of a mapping-valued key."""
+    out: dict = {}
+    for key in keys:
+        head, _, entry = key.partition(".")
+        if head not in values:
+            continue
+        if entry:
+            out.setdefault(head, {})[entry] = values[head].get(entry)
+        else:
+            out[head] = values[head]
+    return out
+
+
+def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
+              params_path: str = "params.yaml", only: dict | None = None) -> None:
+    """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
+    count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
+    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). Returns on success;
+    raises SystemExit with the boundary's exit code otherwise."""
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only)
+
+
+def entry(name: str, fn, *args) -> None:
+    """fn(*args) inside the error boundary; on failure SystemExit with the boundary's exit code (for what a stage
+    script does before run_stage, e.g. finding its matrix instance)."""
+    code = guard(name, fn, *args)
+    if code:
+        sys.exit(code)
+
+
+def _run_stage(name, sections, inputs, body, numeric, params_path, only) -> None:
+    from agentrl.core.config import load_params
+    wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
+    params = load_params(wanted, params_path)
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise UserError(f"missing input {missing[0]}: run the stage that produces it (dvc repro)")
+    machine = None
+    if numeric:  # CPU numerics and threads, once, before any tensor work (agentrl.core.numerics)
+        from agentrl.core.numerics import enter
+        check_threads(params["run"].threads)
+        machine = enter(params["run"].threads, params["run"].numerics)
+    from agentrl.tracking.run import stage_run
+    logged = {s: section_values(s, p) for s, p in params.items()}
+    for section, keys in (only or {}).items():
+        logged[section] = read_keys(logged[section], keys)
+    threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
+    with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads, machine=machine) as run:
+        body(StageContext(name, params, run))
