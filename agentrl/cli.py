@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from agentrl.backends.registry import BACKENDS
 from agentrl.core.artifacts import policy_path
 from agentrl.core.boundary import check_threads, guard
 
@@ -119,7 +120,7 @@ def fail(msg: str) -> int:
 def load_model(args, tok):
     """The policy under test: --model PATH (must exist), data/models/base.pt by default, or --quick-base (a small
     base cloned now, deterministically). Never a silent substitute."""
-    from agentrl.model.checkpoints import load_policy
+    from agentrl.backends.registry import load_checkpoint
     if args.quick_base:
         from agentrl.core.config import BaseConfig
         from agentrl.env.tasks import make_tasks
@@ -127,7 +128,7 @@ def load_model(args, tok):
         cfg = BaseConfig(demos_per_task=20, steps=80, teach_steps=40)
         return make_rl_base(tok, make_tasks("train"), cfg, seed=0)[0], "a quick base (cloned now)"
     path = _model_path(args)
-    return load_policy(path, tok.hash)[0], path
+    return load_checkpoint("tinyagent", path, tok)[0], path
 
 
 def cmd_envcheck(args) -> int:
@@ -189,19 +190,19 @@ def cmd_check(args) -> int:
 
     import agentrl
     from agentrl.core.seeding import generator
+    from agentrl.env.gym.spec import GYM
     from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
     from agentrl.faults.registry import EXPECTED_FAILURES, seams_for
     from agentrl.rl.invariants import CHECKS, THRESHOLDS, failed_checks, margin, sanity_checks
     from agentrl.rl.rollout import sample_step
-    from agentrl.rl.trainer import env_factory_for
     tok = build_tokenizer(make_tasks("all"))
     seams = seams_for(args.bug)
     try:
         model, source = load_model(args, tok)
     except UserError as exc:
         return fail(str(exc) + ("" if args.model or args.quick_base else MODEL_HINT))
-    batch, _ = sample_step(model, env_factory_for(cfg), make_tasks("train"), tok, cfg, generator(cfg.seed))
+    batch, _ = sample_step(model, GYM.make(cfg), make_tasks("train"), tok, cfg, generator(cfg.seed))
     res = sanity_checks(model, batch, tok, cfg, seams)
     print(f"check: nine invariants on one {len(batch)}-episode batch from {source}"
           + (f", injected fault {args.bug}" if args.bug else "")
@@ -224,28 +225,20 @@ def cmd_check(args) -> int:
     return 0 if not failed else 1
 
 
+class Verb:
+    """What a backend's bench needs from the CLI: threads and numerics set once, the checkpoint --model names
+    (or --quick-base), one-line failures."""
+    set_threads = staticmethod(lambda n: set_threads(n))
+    model_path = staticmethod(lambda args: _model_path(args))
+    load_model = staticmethod(lambda args, tok: load_model(args, tok))
+    fail = staticmethod(lambda msg: fail(msg))
+    model_hint = MODEL_HINT
+
+
 def cmd_bench(args) -> int:
-    if args.backend == "qwen3":
-        from agentrl.bench.hf import run_qwen3_bench
-        set_threads(max(args.threads))
-        return run_qwen3_bench(args)
-    try:
-        _model_path(args)
-    except ValueError as exc:
-        return fail(str(exc))
-    from agentrl.bench.steps import compare_numerics, run_bench
-    if args.numerics_compare:
-        return compare_numerics(args)
-    set_threads(max(args.threads))
-    from agentrl.core.config import UserError
-    from agentrl.env.gym.tokenizer import build_tokenizer
-    from agentrl.env.tasks import make_tasks
-    tok = build_tokenizer(make_tasks("all"))
-    try:
-        model, source = load_model(args, tok)
-    except UserError as exc:
-        return fail(str(exc) + ("" if args.model or args.quick_base else MODEL_HINT))
-    return run_bench(args, model, source, tok)
+    """The backend's own bench (BackendSpec.bench)."""
+    from agentrl.bench import BENCHES
+    return BENCHES.get(args.backend)(args, Verb)
 
 
 def cmd_audit(args) -> int:
@@ -338,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: step time under portable and native numerics, each mode in its own process, "
                         "alternating for ROUNDS rounds (docs/numerics.md)")
     b.add_argument("--json", action="store_true", help="print the step times as one JSON line")
-    b.add_argument("--backend", choices=["tinyagent", "qwen3"], default="tinyagent",
+    b.add_argument("--backend", choices=list(BACKENDS.names()), default="tinyagent",
                    help="qwen3: the lab backend's sampler against plain generate, and an update's peak memory with "
                         "the LM head on policy positions against full logits (--model: a Qwen3 directory)")
     b.add_argument("--rows", type=_int_at_least(1), default=64, help="qwen3: prompts sampled together")

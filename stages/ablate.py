@@ -2,17 +2,18 @@
 depends on the seed only (so arms with the same seed share the evaluation stream)."""
 import argparse
 
+from agentrl.backends.registry import load_checkpoint, save_checkpoint
 from agentrl.core.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
 from agentrl.core.config import STARTS, UserError, read_params_file
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
 from agentrl.eval.ablation import arm_config, run_instance
-from agentrl.model.checkpoints import load_for, save_policy
 from agentrl.pipeline.instances import ablation_instance
 from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
 
 SECTIONS = ["model", "rl", "ablate"]
+USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
 # not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})
 READS = {"run": ["threads", "numerics"], "ablate": ["steps", "eval_per_task", "arms"]}
 
@@ -35,11 +36,11 @@ def main(arm: str | None = None, seed: int | None = None):
         acfg = ctx.params["ablate"]
         tok, split = load_tokenizer(), load_split()
         cfg, start_name = arm_config(arm, ctx.params["rl"], acfg, seed)
-        model, _ = load_for(policy_path(start_name), tok, ctx.params["model"])
+        model, _ = load_checkpoint("tinyagent", policy_path(start_name), tok, ctx.params["model"])
         guard = BundleGuard(bundle_dir(ctx.name), cfg)
         result = run_instance(model, arm, seed, start_name, cfg, acfg, tok, split, hooks=[guard])
         out = ablation_dir(arm, seed)
-        save_policy(out / "policy.pt", model, tok.hash)
+        save_checkpoint(model, out / "policy.pt", tok.hash)
         write_json(out / "result.json", result)
         ctx.run.set_tags({"ablate.arm": arm, "ablate.seed": str(seed)})
         ctx.run.log_history(result["history"])

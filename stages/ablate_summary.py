@@ -3,6 +3,7 @@ from the default arm (seed-averaged per-task rates, task bootstrap), the power t
 default arm at the main run's seed reproduces the main run's first steps exactly."""
 import torch
 
+from agentrl.backends.registry import read_checkpoint
 from agentrl.core.artifacts import (
     ABLATE_DIR,
     CHECKPOINT_DIR,
@@ -15,15 +16,15 @@ from agentrl.core.artifacts import (
     write_metrics,
 )
 from agentrl.eval.ablation_summary import summarize
-from agentrl.model.checkpoints import read_checkpoint
 from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["ablate"]
+USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
 INPUTS = [ABLATE_DIR, CHECKPOINT_DIR]
 
 
 def same_weights(a_path, b_path) -> bool:
-    a, b = read_checkpoint(a_path)["state_dict"], read_checkpoint(b_path)["state_dict"]
+    a, b = read_checkpoint("tinyagent", a_path)["state_dict"], read_checkpoint("tinyagent", b_path)["state_dict"]
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

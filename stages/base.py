@@ -1,13 +1,14 @@
 """Stage base: the RL starting policy, behaviour-cloned from the scripted mixture on the train tasks."""
+from agentrl.backends.registry import save_checkpoint
 from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
-from agentrl.model.checkpoints import save_policy
 from agentrl.model.policy import ModelConfig
 from agentrl.pipeline.stage import run_stage
 from agentrl.starting.tinyagent import make_rl_base
 
 SECTIONS = ["model", "base"]
+USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
 INPUTS = [TOKENIZER, SPLIT]
 
 
@@ -16,7 +17,7 @@ def body(ctx):
     mcfg = ModelConfig(vocab_size=len(tok), **ctx.params["model"].to_dict())
     model, info = make_rl_base(tok, split["train"], ctx.params["base"], mcfg, seed=ctx.seed)
     info["parameters"] = model.num_params()
-    save_policy(policy_path("base"), model, tok.hash)
+    save_checkpoint(model, policy_path("base"), tok.hash)
     write_json(REPORTS / "base.json", info)
     write_metrics("base", {"parameters": info["parameters"], "loss_last": info["loss_last"]})
     ctx.run.log_metrics({k: v for k, v in info.items() if isinstance(v, (int, float))})

@@ -3,6 +3,7 @@ chapter, all with the same seed and from the RL base (the length pair from its o
 per failure its healthy twin, the metric that exposes it, a signature check and a 2x2 dashboard panel."""
 import sys
 
+from agentrl.backends.registry import load_checkpoint
 from agentrl.core.artifacts import (
     FIGURES,
     REPORTS,
@@ -18,11 +19,11 @@ from agentrl.env.tasks import load_split
 from agentrl.faults.catalogue import build_catalogue
 from agentrl.faults.markdown import figure_specs, mlflow_metrics, render_markdown, report_json, signature_table, verdict
 from agentrl.faults.signatures import signature_checks
-from agentrl.model.checkpoints import load_for
 from agentrl.pipeline.stage import run_stage
 from agentrl.report.figures import fault_panel
 
 SECTIONS = ["model", "rl", "faults", "length"]
+USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
 READS = {"length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), policy_path("length_start")]
 FIG_DIR = FIGURES / "faults"
@@ -30,8 +31,8 @@ FIG_DIR = FIGURES / "faults"
 
 def body(ctx):
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_for(policy_path("base"), tok, ctx.params["model"])
-    length_start, _ = load_for(policy_path("length_start"), tok, ctx.params["model"])
+    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
+    length_start, _ = load_checkpoint("tinyagent", policy_path("length_start"), tok, ctx.params["model"])
     runs = build_catalogue(base, tok, split["train"], split["heldout"], ctx.params["rl"], ctx.params, ctx.seed,
                            length_start=length_start)
     checks = signature_checks(runs)

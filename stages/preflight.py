@@ -4,6 +4,7 @@ A gate: exits non-zero (so nothing downstream runs) if the clean trainer fails a
 fault escapes the invariant expected to catch it."""
 from dataclasses import replace
 
+from agentrl.backends.registry import load_checkpoint
 from agentrl.core.artifacts import (
     DATA,
     FIGURES,
@@ -18,15 +19,15 @@ from agentrl.core.artifacts import (
 from agentrl.core.seeding import generator, stream_seed
 from agentrl.env.gym.callers import environment_check
 from agentrl.env.gym.tokenizer import load_tokenizer
+from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.faults.preflight import fault_matrix
-from agentrl.model.checkpoints import load_for
 from agentrl.pipeline.stage import run_stage
 from agentrl.report.figures import check_matrix
 from agentrl.rl.rollout import sample_step
-from agentrl.rl.trainer import env_factory_for
 
 SECTIONS = ["model", "rl", "preflight"]
+USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
 INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 GATE = DATA / "preflight" / "gate.json"
 
@@ -34,9 +35,10 @@ GATE = DATA / "preflight" / "gate.json"
 def body(ctx):
     pcfg = ctx.params["preflight"]
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_for(policy_path("base"), tok, ctx.params["model"])
+    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
     cfg = replace(ctx.params["rl"], kl_coef=pcfg.kl_coef)
-    batch, _ = sample_step(base, env_factory_for(cfg), split["train"], tok, cfg, generator(ctx.seed, "preflight"))
+    episodes = environment("gym").make(cfg)
+    batch, _ = sample_step(base, episodes, split["train"], tok, cfg, generator(ctx.seed, "preflight"))
     out = fault_matrix(base, batch, tok, cfg, pcfg.bugs)
     out["environment"] = env = environment_check(split["train"], episodes=200, seed=stream_seed(ctx.seed, "envcheck"))
     write_json(REPORTS / "preflight.json", out)

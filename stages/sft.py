@@ -1,16 +1,18 @@
 """Stage sft: the SFT cold start (one oracle demonstration per train task), and both starting policies described."""
 import copy
 
+from agentrl.backends.registry import load_checkpoint, save_checkpoint
 from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
 from agentrl.core.seeding import generator
 from agentrl.env.gym.tokenizer import load_tokenizer
+from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import DESCRIBE_GROUP_SIZE, describe
-from agentrl.model.checkpoints import load_for, save_policy
 from agentrl.pipeline.stage import run_stage
 from agentrl.starting.tinyagent import oracle_demos, train_sft
 
 SECTIONS = ["model", "rl", "sft"]
+USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
 READS = {"rl": ["max_turns", "max_call_tokens", "rename"]}  # the episode rules describe() samples under
 INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 
@@ -18,12 +20,14 @@ INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 def body(ctx):
     cfg, rl = ctx.params["sft"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_for(policy_path("base"), tok, ctx.params["model"])
+    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
     sft = copy.deepcopy(base)
     demos = oracle_demos(split["train"], tok, generator(ctx.seed, "sft-demos"))
     losses = train_sft(sft, demos, tok, cfg.steps, cfg.lr)
-    save_policy(policy_path("sft"), sft, tok.hash)
-    described = {name: describe(model, split["train"], tok, cfg.describe_per_task, generator(ctx.seed, "describe"), rl)
+    save_checkpoint(sft, policy_path("sft"), tok.hash)
+    episodes = environment("gym").make(rl, evaluation=True)
+    described = {name: describe(model, split["train"], tok, cfg.describe_per_task, generator(ctx.seed, "describe"), rl,
+                                env=episodes)
                  for name, model in (("base", base), ("sft", sft))}   # the same stream for both: paired
     out = {"sft_demos": len(demos), "sft_tokens": sum(d.n_policy_tokens for d in demos), "sft_steps": cfg.steps,
            "sft_loss_first": losses[0], "sft_loss_last": losses[-1], "group_size": DESCRIBE_GROUP_SIZE, **described}

@@ -1,6 +1,7 @@
 """Stage test: the starting policy and the chosen checkpoint, once each, on the test tasks: per-task counts,
 pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference. When select
 reported stopping rules, the checkpoint each rule would have picked too, with its test cost against the chosen."""
+from agentrl.backends.registry import load_checkpoint
 from agentrl.core.artifacts import (
     CHECKPOINT_DIR,
     COUNT,
@@ -15,13 +16,14 @@ from agentrl.core.artifacts import (
 )
 from agentrl.core.seeding import generator, stream_seed
 from agentrl.env.gym.tokenizer import load_tokenizer
+from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.stats import counts_summary, paired_bootstrap_diff
-from agentrl.model.checkpoints import load_for
 from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["model", "rl", "test"]
+USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}  # the episode rules and the sampler
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
 SELECTION_SHAPE = {"chosen": {"step": COUNT}, "stopping?": {str: {"chosen_step": COUNT}}}   # what the stage reads
@@ -32,15 +34,16 @@ def body(ctx):
     tok, split = load_tokenizer(), load_split()
     selection = read_json(REPORTS / "selection.json", SELECTION_SHAPE)
     step = selection["chosen"]["step"]
-    models = {"start": load_for(policy_path("base"), tok, ctx.params["model"])[0],
-              "chosen": load_for(checkpoint_path(step), tok, ctx.params["model"])[0]}
+    def load(path):
+        return load_checkpoint("tinyagent", path, tok, ctx.params["model"])[0]
+    models = {"start": load(policy_path("base")), "chosen": load(checkpoint_path(step))}
     rules = {f"stop_{r}": v["chosen_step"] for r, v in selection.get("stopping", {}).items()}
-    models.update({name: load_for(checkpoint_path(s), tok, ctx.params["model"])[0] for name, s in rules.items()})
+    models.update({name: load(checkpoint_path(s)) for name, s in rules.items()})
     out = {"tasks": [t.name for t in split["test"]], "episodes_per_task": cfg.episodes_per_task, "ks": cfg.ks,
            "alpha": cfg.alpha, "chosen_step": step}
     for name, model in models.items():  # one stream for all: paired comparisons
         res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"),
-                       rl)
+                       rl, env=environment("gym").make(rl, evaluation=True))
         counts = {t: (v["n"], v["c"]) for t, v in res["per_task"].items()}
         out[name] = counts_summary(counts, cfg.ks, cfg.n_boot, cfg.alpha, stream_seed(ctx.seed, "test-ci", name))
     names = list(out["start"]["per_task"])

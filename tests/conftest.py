@@ -99,7 +99,7 @@ def _random_caller_trajectories(tok, tasks, per_task: int, seed: int):
             env = factory(task, gen)
             toks, owner = run_scripted(env, RandomCaller(gen))
             ids = tok.encode(toks)
-            out.append(Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info))
+            out.append(Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.record()))
     return out
 
 

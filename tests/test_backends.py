@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.backends.base import PolicyBackend
-from agentrl.backends.registry import BACKENDS, backend, from_description, save
+from agentrl.backends.registry import BACKENDS, backend, from_description, load_checkpoint, save_checkpoint
 from agentrl.core.config import ConfigError, RLConfig
-from agentrl.env.formats import GymWords, conversation
+from agentrl.env.gym.spec import GYM
 from agentrl.rl.invariants import failed_checks, sanity_checks
 from agentrl.rl.rollout import collate, sample_step
-from agentrl.rl.trainer import env_factory_for, real_log_probs
+from agentrl.rl.trainer import real_log_probs
 
 SMALL = RLConfig(tasks_per_step=3, group_size=4)
 
@@ -35,16 +35,16 @@ def test_an_unknown_backend_is_one_line_naming_the_allowed_ones():
 
 
 def test_the_registry_saves_tinyagent_as_its_checkpoint(tmp_path, quick_base, tok):
-    save(quick_base, tmp_path / "m.pt", tok.hash, {"step": 3})
-    loaded = backend("tinyagent").load(tmp_path / "m.pt", tok.hash)
+    save_checkpoint(quick_base, tmp_path / "m.pt", tok.hash, {"step": 3})
+    loaded, extra = load_checkpoint("tinyagent", tmp_path / "m.pt", tok)
+    assert extra == {"step": 3}
     assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), quick_base.parameters()))
 
 
-def test_a_word_tokenizer_is_the_gyms_conversation(tok):
-    fmt = conversation(tok)
-    assert isinstance(fmt, GymWords) and conversation(fmt) is fmt
-    assert fmt.action([tok.id("<call>"), tok.id("read"), tok.id("</call>")]) == ["<call>", "read", "</call>"]
-    assert fmt.stop_id == tok.id("</call>") and fmt.pad_id == tok.pad_id
+def test_the_gyms_word_tokenizer_is_its_conversation_format(tok):
+    assert GYM.formats["words"](tok) is tok
+    assert tok.action([tok.id("<call>"), tok.id("read"), tok.id("</call>")]) == ["<call>", "read", "</call>"]
+    assert tok.stop_id == tok.id("</call>") and tok.pad_id == tok.id("<pad>")
 
 
 @pytest.mark.parametrize("temperature", [0.5, 0.8, 1.3])
@@ -71,7 +71,7 @@ def test_sampler_and_trainer_share_the_temperature(quick_base, tok, train_tasks,
     rounding level and all nine invariants hold away from temperature 1 (before the trainer applied the
     temperature, invariant 2 failed at 0.8 with a gap of 0.92 nats)."""
     cfg = replace(SMALL, temperature=temperature)
-    trajs, _ = sample_step(quick_base, env_factory_for(cfg), train_tasks, tok, cfg, torch.Generator().manual_seed(seed))
+    trajs, _ = sample_step(quick_base, GYM.make(cfg), train_tasks, tok, cfg, torch.Generator().manual_seed(seed))
     assert len({t.reward for t in trajs}) > 1
     batch = collate(trajs, tok.pad_id)
     gap = (real_log_probs(quick_base, batch, temperature=temperature) - batch["sample_logp"]).abs()

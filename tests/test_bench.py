@@ -7,14 +7,14 @@ import torch
 
 from agentrl.bench.steps import OP_GROUPS, full_recompute_episodes, one_step_of_envs, sampler_op_shares
 from agentrl.core.config import RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.rl.rollout import sample_episodes
-from agentrl.rl.trainer import env_factory_for
 
 CFG = replace(RLConfig(), tasks_per_step=3, group_size=4)
 
 
 def _envs(tasks, seed):
-    return one_step_of_envs(tasks, CFG, env_factory_for(CFG), seed)
+    return one_step_of_envs(tasks, CFG, GYM.make(CFG), seed)
 
 
 def test_the_baseline_plays_the_cached_samplers_episodes(random_model, tok, train_tasks):

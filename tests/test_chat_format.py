@@ -144,7 +144,7 @@ def test_the_small_qwen3_plays_the_gym_through_the_template(chat, train_tasks, t
     envs = [make_env_factory(max_turns=3)(t, g) for t in train_tasks[:3] for _ in range(2)]
     trajs = sample_episodes(model, envs, chat, g, 1.0, max_call_tokens=6)
     assert all(t.owner[-1] == OWNER["policy"] for t in trajs)
-    assert all(t.info["n_invalid"] == t.info["n_turns"] == 3 for t in trajs)   # a random init calls no tool
+    assert all(t.record.malformed == t.record.turns == 3 for t in trajs)   # a random init calls no tool
     batch = collate(trajs, chat.pad_id)
     gap = (real_log_probs(model, batch) - batch["sample_logp"]).abs() * batch["action_mask"]
     assert float(gap.max()) <= 1e-5

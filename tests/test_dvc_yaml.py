@@ -10,9 +10,22 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+def registered_modules(path: Path) -> set[str]:
+    """The modules of the registered entries a file's module-level USES names, looked up in the registries
+    themselves (imported here, not parsed)."""
+    from agentrl.backends.registry import BACKENDS
+    from agentrl.bench import BENCHES
+    from agentrl.env.registry import ENVIRONMENTS
+    registries = {"backends": BACKENDS, "environments": ENVIRONMENTS, "benches": BENCHES}
+    tree = ast.parse(path.read_text())
+    uses = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "USES" for t in n.targets)), {})
+    return {registries[kind].builtin[name] for kind, names in uses.items() for name in names}
+
+
 def agentrl_imports(path: Path) -> set[str]:
-    """agentrl modules a file imports anywhere in its body."""
-    found = set()
+    """agentrl modules a file imports anywhere in its body, and those of the registered entries it uses."""
+    found = registered_modules(path)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
             found.add(node.module)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.core.config import Diverged, RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.rl.guards import LIMITS, BundleGuard, divergence, replay_bundle, same_stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +61,8 @@ def test_a_huge_learning_rate_is_stopped_at_step_0_with_a_replayable_bundle(rl_b
     from agentrl.rl.trainer import train
     cfg = RLConfig(lr=1e4)
     with pytest.raises(Diverged) as err:
-        train(copy.deepcopy(rl_base), make_tasks("train"), tok, cfg, 3, hooks=[BundleGuard(tmp_path, cfg)])
+        train(copy.deepcopy(rl_base), make_tasks("train"), tok, cfg, 3, env=GYM.make(cfg),
+              hooks=[BundleGuard(tmp_path, cfg)])
     msg = str(err.value)
     assert msg.startswith("step 0: training diverged: approx_kl_max") and "\n" not in msg
     bundle = msg.rsplit("replay bundle: ", 1)[1].rstrip(")")

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from agentrl.core.config import KL_KINDS, LOSS_MODES, RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
 from agentrl.faults.registry import BUGS, EXPECTED_FAILURES, FAULTS, seams_for
 from agentrl.rl.guards import BundleGuard, replay_bundle, same_stats
 from agentrl.rl.invariants import CHECKS, failed_checks, margin, sanity_checks
 from agentrl.rl.rollout import sample_step
-from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, env_factory_for, group_advantages, train
+from agentrl.rl.trainer import SEAMS, Hook, NonFiniteError, Seams, group_advantages, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,13 +34,13 @@ def test_no_fault_is_the_plain_loop_and_hooks_do_not_perturb_it(rl_base, tok, tm
         def after_step(self, updates, state):
             if updates % 2 == 0:
                 evaluate(state.model, make_tasks("validation"), tok, 4, 1.0, torch.Generator().manual_seed(updates),
-                         RLConfig())
+                         RLConfig(), env=GYM.make(RLConfig(), evaluation=True))
                 save_policy(tmp_path / f"step_{updates}.pt", state.model, tok.hash,
                             extra={"optimizer": state.optimizer.state_dict()})
     m1, m2 = copy.deepcopy(rl_base), copy.deepcopy(rl_base)
-    h1 = train(m1, make_tasks("train"), tok, RLConfig(), 6,
+    h1 = train(m1, make_tasks("train"), tok, RLConfig(), 6, env=GYM.make(RLConfig()),
                hooks=[EveryTwo(), BundleGuard(tmp_path / "bundles", RLConfig())])
-    h2 = train(m2, make_tasks("train"), tok, RLConfig(), 6, seams=seams_for(None))
+    h2 = train(m2, make_tasks("train"), tok, RLConfig(), 6, env=GYM.make(RLConfig()), seams=seams_for(None))
     assert len(list(tmp_path.glob("step_*.pt"))) == 3
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert h1 == h2
@@ -63,7 +64,7 @@ def test_the_loop_never_names_a_fault():
 @pytest.fixture(scope="module")
 def matrix(rl_base, tok):
     cfg = RLConfig(kl_coef=0.1)
-    batch, _ = sample_step(rl_base, env_factory_for(cfg), make_tasks("train"), tok, cfg,
+    batch, _ = sample_step(rl_base, GYM.make(cfg), make_tasks("train"), tok, cfg,
                            torch.Generator().manual_seed(0))
     return {bug: sanity_checks(rl_base, batch, tok, cfg, seams_for(bug)) for bug in [None, *BUGS]}
 
@@ -107,7 +108,8 @@ def test_nan_guard_stops_and_bundle_replays(rl_base, tok, tmp_path):
         return adv
     seams = Seams(advantages=nan_at_step_2)
     with pytest.raises(NonFiniteError) as err:
-        train(model, make_tasks("train"), tok, RLConfig(), 4, seams=seams, hooks=[BundleGuard(tmp_path, RLConfig())])
+        train(model, make_tasks("train"), tok, RLConfig(), 4, env=GYM.make(RLConfig()), seams=seams,
+              hooks=[BundleGuard(tmp_path, RLConfig())])
     bundle = err.value.bundle
     assert bundle and Path(bundle).exists() and "step 2" in str(err.value)
     recorded, replayed = replay_bundle(bundle)
@@ -119,7 +121,7 @@ def test_nan_guard_stops_and_bundle_replays(rl_base, tok, tmp_path):
 
 def test_spike_bundle_replays_exactly(rl_base, tok, tmp_path):
     model = copy.deepcopy(rl_base)
-    history = train(model, make_tasks("train"), tok, RLConfig(), 7,
+    history = train(model, make_tasks("train"), tok, RLConfig(), 7, env=GYM.make(RLConfig()),
                     hooks=[BundleGuard(tmp_path, RLConfig(), spike_factor=0.0)])
     bundles = [r["spike_bundle"] for r in history if r.get("spike_bundle")]
     assert bundles, "with spike_factor 0 every step after the warm-up is flagged"
@@ -155,14 +157,15 @@ def test_git_bisect_names_the_commit_that_negates_the_advantages(rl_base, tok, t
 
 
 def test_fail_turn_limit_is_the_share_of_failures_that_ran_out_of_turns():
+    from agentrl.env.base import EpisodeRecord
     from agentrl.rl.dashboard import behavior_stats
     from agentrl.rl.rollout import OWNER, Trajectory
 
     def episode(n_policy: int, submitted: bool, passed: bool):
-        info = {"submitted": submitted, "hidden_pass": passed, "reads": 0, "tests": 0, "edits": 0, "n_turns": 1,
-                "n_invalid": 0, "ops": [], "tools": []}
+        record = EpisodeRecord("t", "f", "f", turns=1, malformed=0, reads=0, tests=0, edits=0, finished=submitted,
+                               hidden_pass=passed, public_pass=passed)
         owner = [OWNER["prompt"]] + [OWNER["policy"]] * n_policy
-        return Trajectory(list(range(n_policy + 1)), owner, [0.0] * n_policy, float(submitted and passed), info)
+        return Trajectory(list(range(n_policy + 1)), owner, [0.0] * n_policy, float(submitted and passed), record)
 
     short_fail, long_fail, passed = episode(10, True, False), episode(42, False, False), episode(13, True, True)
     beh = behavior_stats([short_fail, short_fail, short_fail, long_fail, passed])
@@ -179,7 +182,7 @@ def test_fail_turn_limit_is_the_share_of_failures_that_ran_out_of_turns():
 @pytest.fixture(scope="module")
 def small_batch(quick_base, tok):
     cfg = RLConfig(group_size=4, tasks_per_step=2, kl_coef=0.1)
-    trajs, _ = sample_step(quick_base, env_factory_for(cfg), make_tasks("train"), tok, cfg,
+    trajs, _ = sample_step(quick_base, GYM.make(cfg), make_tasks("train"), tok, cfg,
                            torch.Generator().manual_seed(0))
     return trajs
 
@@ -249,7 +252,7 @@ def _enumerated_rl_knobs():
         spec = f.metadata.get("spec")
         if spec is None:
             continue
-        values = (spec.choices or ()) if spec.kind is str else (True, False) if spec.kind is bool else ()
+        values = (spec.allowed() or ()) if spec.kind is str else (True, False) if spec.kind is bool else ()
         out += [(f.name, v) for v in values if v != f.default]
     return out
 
@@ -283,7 +286,7 @@ def test_preflight_passes_for_every_loss_mode_kl_estimator_and_enumerated_knob(r
         assert step_cfg.entropy_coef > 0
     if knob2 == "lr_schedule" or knob == "lr_schedule":
         assert step_cfg.lr < cfg.lr
-    batch, _ = sample_step(rl_base, env_factory_for(cfg), tasks, tok, step_cfg, torch.Generator().manual_seed(0),
+    batch, _ = sample_step(rl_base, GYM.make(cfg), tasks, tok, step_cfg, torch.Generator().manual_seed(0),
                            weights=curriculum.task_weights(cfg, tasks, history))
     res = sanity_checks(rl_base, batch, tok, step_cfg)
     assert failed_checks(res) == set(), {k: v for k, v in res.items() if not v[1]} | res.errors

@@ -5,6 +5,7 @@ before the knobs existed, the per-step state resumable (every knob through the n
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -15,10 +16,11 @@ import torch
 
 from agentrl.core import config
 from agentrl.core.config import RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
-from agentrl.rl import curriculum, objectives, rollout, schedule
+from agentrl.rl import curriculum, rollout, schedule
 from agentrl.rl.objectives import clip_objective, compute_advantages, dual_clip, policy_loss, sequence_ratio
-from agentrl.rl.trainer import env_factory_for, make_optimizer, train
+from agentrl.rl.trainer import make_optimizer, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,13 +95,28 @@ def test_reward_scales():
         RLConfig(adv_std_scale=True, scale_rewards="batch")
 
 
-def test_each_registry_implements_exactly_its_declared_values():
-    assert tuple(objectives.BASELINES) == config.ADV_ESTIMATORS
-    assert tuple(objectives.REWARD_SCALES) == config.REWARD_SCALES
-    assert tuple(objectives.POLICY_RATIOS) == config.RATIO_LEVELS
-    assert tuple(schedule.DECAYS) == config.LR_SCHEDULES
-    assert tuple(curriculum.CURRICULA) == config.CURRICULA
-    assert tuple(rollout.KEEP) == config.KEEP_MODES
+def test_each_knob_allows_exactly_its_registry_names_and_the_invariants_derive_each():
+    """One source of truth: a knob's allowed values are the names its variants registered under (no list to keep
+    equal), and the invariants' independent re-derivations (agentrl.rl.references) are keyed by the same names."""
+    from agentrl.rl import references as refs
+    expected = {"adv_estimator": ("grpo", "rloo"), "scale_rewards": ("none", "group", "batch"),
+                "ratio_level": ("token", "sequence"), "policy_loss": ("clip",),
+                "loss_mode": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
+                "kl_kind": ("k1", "k2", "k3"), "keep": ("all", "informative", "resample"),
+                "lr_schedule": ("constant", "linear", "cosine"), "curriculum": ("none", "pass_rate")}
+    specs = {f.name: f.metadata["spec"] for f in dataclasses.fields(RLConfig)}
+    for key, names in expected.items():
+        assert specs[key].allowed() == names, key
+    for registry, key in ((refs.BASELINES, "adv_estimator"), (refs.SCALES, "scale_rewards"),
+                          (refs.RATIOS, "ratio_level"), (refs.POLICY_TERMS, "policy_loss"),
+                          (refs.AGGREGATIONS, "loss_mode"), (refs.KL_ESTIMATORS, "kl_kind")):
+        assert registry.names() == expected[key], key
+    with pytest.raises(config.ConfigError, match=r"^RLConfig.kl_kind: unknown value 'k4'; allowed: k1, k2, k3$"):
+        RLConfig(kl_kind="k4")
+    with pytest.raises(config.ConfigError, match=r"^rl.adv_estimator: unknown value 'ppo'; allowed: grpo, rloo$"):
+        compute_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), estimator="ppo")
+    with pytest.raises(config.ConfigError, match=r"^rl.adv_estimator: unknown value 'ppo' \(the invariants need"):
+        refs.group_advantages(torch.ones(2), torch.zeros(2), estimator="ppo")   # never silently GRPO
 
 
 # ---------------------------------------------------------------- schedule, entropy target, curriculum
@@ -152,14 +169,14 @@ def test_weighted_task_choice_is_distinct_and_follows_the_weights():
 
 def test_resample_keeps_only_informative_groups_and_counts_every_rollout(quick_base, tok, train_tasks):
     cfg = RLConfig(group_size=3, tasks_per_step=2, keep="resample", resample_cap=3)
-    kept, sampled = rollout.sample_step(quick_base, env_factory_for(cfg), train_tasks, tok, cfg,
+    kept, sampled = rollout.sample_step(quick_base, GYM.make(cfg), train_tasks, tok, cfg,
                                         torch.Generator().manual_seed(0))
     groups = [t.group for t in sampled]
     assert groups == sorted(groups) and len(sampled) % 3 == 0 and len(sampled) <= 3 * 2 * 3
     by = {}
     for t in sampled:
         by.setdefault(t.group, []).append(t)
-    assert all(len(rows) == 3 and len({r.info["task"] for r in rows}) == 1 for rows in by.values())
+    assert all(len(rows) == 3 and len({r.record.task for r in rows}) == 1 for rows in by.values())
     informative = [g for g, rows in by.items() if len({r.reward for r in rows}) > 1]
     assert sorted({t.group for t in kept}) == informative and len(informative) <= 2
     assert len(informative) == 2 or len(by) == 3 * 2   # draws stop at two informative groups, or at the cap
@@ -167,7 +184,7 @@ def test_resample_keeps_only_informative_groups_and_counts_every_rollout(quick_b
 
 def test_dashboard_counts_rollouts(quick_base, tok, train_tasks):
     cfg = RLConfig(group_size=2, tasks_per_step=2, minibatches=1)
-    history = train(copy.deepcopy(quick_base), train_tasks, tok, cfg, 1)
+    history = train(copy.deepcopy(quick_base), train_tasks, tok, cfg, 1, env=GYM.make(cfg))
     assert history[0]["rollouts"] == 4 and history[0]["trained"] == 4
 
 
@@ -188,7 +205,8 @@ def _fingerprint(model, history) -> dict:
 def test_defaults_reproduce_the_run_from_before_the_research_knobs(quick_base, tok, train_tasks):
     before = json.loads((REPO / "tests" / "fixtures" / "default_run_before_research_knobs.json").read_text())
     model = copy.deepcopy(quick_base)
-    history = train(model, train_tasks, tok, RLConfig(**before["config"]), before["steps"])
+    history = train(model, train_tasks, tok, RLConfig(**before["config"]), before["steps"],
+                    env=GYM.make(RLConfig(**before["config"])))
     assert _fingerprint(model, history) == {k: before[k] for k in ("params_sha256", "history_sha256", "batch_hashes")}
 
 
@@ -197,12 +215,12 @@ def test_per_step_state_survives_a_resume(quick_base, tok, train_tasks):
     cfg = RLConfig(group_size=2, tasks_per_step=2, minibatches=1, lr_warmup=1, lr_schedule="cosine",
                    entropy_target=5.0, entropy_coef_lr=0.01, curriculum="pass_rate", seed=1)
     straight = copy.deepcopy(quick_base)
-    h1 = train(straight, train_tasks, tok, cfg, 3)
+    h1 = train(straight, train_tasks, tok, cfg, 3, env=GYM.make(cfg))
     assert [r["lr"] for r in h1] == [cfg.lr * schedule.lr_factor(cfg, s, 3) for s in range(3)]
     assert h1[2]["entropy_coef"] > h1[1]["entropy_coef"] > 0 and "task_pass" in h1[0]
     part = copy.deepcopy(quick_base)
     opt, gen = make_optimizer(part, cfg), torch.Generator().manual_seed(cfg.seed)
-    h2 = train(part, train_tasks, tok, cfg, 1, optimizer=opt, generator=gen)
+    h2 = train(part, train_tasks, tok, cfg, 1, env=GYM.make(cfg), optimizer=opt, generator=gen)
     saved = copy.deepcopy({"model": part.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "h": h2})
     resumed = copy.deepcopy(quick_base)
     resumed.load_state_dict(saved["model"])
@@ -210,7 +228,8 @@ def test_per_step_state_survives_a_resume(quick_base, tok, train_tasks):
     opt2.load_state_dict(saved["opt"])
     gen2 = torch.Generator()
     gen2.set_state(saved["gen"])
-    h2 = train(resumed, train_tasks, tok, cfg, 3, optimizer=opt2, generator=gen2, history=saved["h"], start_step=1)
+    h2 = train(resumed, train_tasks, tok, cfg, 3, env=GYM.make(cfg), optimizer=opt2, generator=gen2,
+               history=saved["h"], start_step=1)
     same = json.dumps(h1, sort_keys=True) == json.dumps(h2, sort_keys=True)   # rows hold NaN (length_pass)
     assert same and all(torch.equal(a, b) for a, b in zip(straight.parameters(), resumed.parameters()))
 
@@ -222,7 +241,7 @@ def test_a_step_with_no_informative_group_trains_nothing_and_goes_on(random_mode
     model = copy.deepcopy(random_model)
     before = [p.detach().clone() for p in model.parameters()]
     cfg = RLConfig(group_size=2, tasks_per_step=2, keep=keep, resample_cap=2, max_turns=2)
-    history = train(model, make_tasks("train")[:4], tok, cfg, 2)
+    history = train(model, make_tasks("train")[:4], tok, cfg, 2, env=GYM.make(cfg))
     assert [row["trained"] for row in history] == [0, 0]
     assert all(row["rollouts"] == (4 if keep == "informative" else 8) for row in history)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

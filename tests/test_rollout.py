@@ -9,18 +9,19 @@ import torch
 
 from agentrl.core.config import RLConfig
 from agentrl.env.gym.environment import END_CALL
+from agentrl.env.gym.spec import GYM
 from agentrl.model.checkpoints import CheckpointError, load_policy, read_checkpoint, save_policy
 from agentrl.model.logprobs import selected_log_probs
 from agentrl.model.policy import ModelConfig, TinyAgent
 from agentrl.rl.rollout import OWNER, Trajectory, collate, pad_rows, sample_groups, sample_step
-from agentrl.rl.trainer import env_factory_for, forward_logp
+from agentrl.rl.trainer import forward_logp
 
 CFG = RLConfig()
 POLICY = OWNER["policy"]
 
 
 def _sample(model, tok, tasks, seed, cfg=CFG):
-    return sample_step(model, env_factory_for(cfg), tasks, tok, cfg, torch.Generator().manual_seed(seed))
+    return sample_step(model, GYM.make(cfg), tasks, tok, cfg, torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def _gap(model, trajs, pad_id):
 
 def test_quick_base_episodes_have_varied_turn_structure(base_batch):
     """Precondition of the cache test: rows of one batch are at different points of their turns."""
-    turns = {t.info["n_turns"] for t in base_batch}
+    turns = {t.record.turns for t in base_batch}
     assert len(turns) >= 3, turns
     assert max(turns) >= 3
     assert len({len(t.ids) for t in base_batch}) >= 10
@@ -163,15 +164,15 @@ def test_trajectory_invariants(which, request, tok):
                 runs.append(cur)
                 cur = []
         runs.append(cur)
-        assert len(runs) == t.info["n_turns"]
+        assert len(runs) == t.record.turns
         for call in runs:
             assert 1 <= len(call) <= CFG.max_call_tokens
             assert call[-1] == end_call or len(call) == CFG.max_call_tokens
             assert end_call not in call[:-1]
         # env segments are whole observations
         env_text = tok.decode([i for i, o in zip(t.ids, t.owner) if o == OWNER["env"]]).split()
-        assert env_text.count("<obs>") == env_text.count("</obs>") == t.info["n_turns"] - 1
-        assert t.reward == float(t.info["submitted"] and t.info["hidden_pass"])
+        assert env_text.count("<obs>") == env_text.count("</obs>") == t.record.turns - 1
+        assert t.reward == float(t.record.finished and t.record.hidden_pass)
     if which != "random_batch":
         assert any(lp < 0 for t in trajs for lp in t.sample_logp)
 
@@ -183,8 +184,8 @@ def test_groups_are_contiguous(base_batch, train_tasks):
     for g in range(CFG.tasks_per_step):
         rows = base_batch[g * G:(g + 1) * G]
         assert {t.group for t in rows} == {g}
-        assert len({t.info["task"] for t in rows}) == 1
-        tasks_seen.append(rows[0].info["task"])
+        assert len({t.record.task for t in rows}) == 1
+        tasks_seen.append(rows[0].record.task)
     assert len(set(tasks_seen)) == CFG.tasks_per_step  # distinct tasks per step
     assert set(tasks_seen) <= {t.name for t in train_tasks}
 
@@ -192,8 +193,8 @@ def test_groups_are_contiguous(base_batch, train_tasks):
 def test_sample_groups_order(quick_base, tok, train_tasks):
     cfg = RLConfig(group_size=3, tasks_per_step=2)
     tasks = [train_tasks[5], train_tasks[0]]
-    trajs = sample_groups(quick_base, env_factory_for(cfg), tasks, tok, cfg, torch.Generator().manual_seed(0))
-    assert [t.info["task"] for t in trajs] == [tasks[0].name] * 3 + [tasks[1].name] * 3
+    trajs = sample_groups(quick_base, GYM.make(cfg), tasks, tok, cfg, torch.Generator().manual_seed(0))
+    assert [t.record.task for t in trajs] == [tasks[0].name] * 3 + [tasks[1].name] * 3
     assert [t.group for t in trajs] == [0, 0, 0, 1, 1, 1]
 
 
@@ -247,7 +248,7 @@ def test_pad_rows():
 
 def test_trajectory_rejects_misaligned_logp():
     with pytest.raises(AssertionError):
-        Trajectory([1, 2, 3], [0, 1, 1], [0.0], 0.0, {})
+        Trajectory([1, 2, 3], [0, 1, 1], [0.0], 0.0, None)
 
 
 # ---------------------------------------------------------------- determinism
@@ -256,7 +257,7 @@ def test_same_seed_same_trajectories_different_seed_different(quick_base, tok, t
     cfg = RLConfig(group_size=4, tasks_per_step=4)
 
     def key(trajs):
-        return [(t.ids, t.owner, t.sample_logp, t.reward, t.group, t.info["name"]) for t in trajs]
+        return [(t.ids, t.owner, t.sample_logp, t.reward, t.group, t.record.name) for t in trajs]
 
     first = key(_sample(quick_base, tok, train_tasks, 7, cfg)[1])
     again = key(_sample(quick_base, tok, train_tasks, 7, cfg)[1])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentrl.core.config import BaseConfig, RLConfig, SFTConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import describe
 from agentrl.starting.tinyagent import MixtureCaller, oracle_demos, train_sft
@@ -19,7 +20,8 @@ def test_sft_cold_start_beats_the_base(rl_base, tok):
     losses = train_sft(sft, demos, tok, cfg.steps, cfg.lr)
     table = {}
     for name, model in (("base", rl_base), ("sft", sft)):
-        table[name] = describe(model, make_tasks("train"), tok, 16, torch.Generator().manual_seed(7), RLConfig())
+        table[name] = describe(model, make_tasks("train"), tok, 16, torch.Generator().manual_seed(7), RLConfig(),
+                               env=GYM.make(RLConfig(), evaluation=True))
     for name, d in table.items():
         print(f"{name}: pass@1 {d['pass_at_1']:.3f} pass@8 {d['pass_at_8']:.3f} groups with gradient "
               f"{d['groups_with_gradient']:.2f} entropy {d['entropy']:.3f} reads {d['reads']:.2f}")
@@ -35,7 +37,9 @@ def test_sft_cold_start_beats_the_base(rl_base, tok):
 def test_oracle_demonstrations_are_real_episodes(tok):
     demos = oracle_demos(make_tasks("train"), tok, torch.Generator().manual_seed(0))
     for d in demos:
-        assert d.reward == 1.0 and d.info["tools"] == ["read", f"edit:{d.info['ops'][0]}", "test", "submit"]
+        calls = d.record.calls
+        assert d.reward == 1.0 and calls[0] == "read" and calls[1].startswith("edit:")
+        assert calls[2:] == ("test", "submit")
         assert tok.decode(d.ids).split()[:2] == ["<bos>", "fix"]
 
 

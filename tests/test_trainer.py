@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from agentrl.core.config import ConfigError, RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate, group_gradient_share
 from agentrl.rl.dashboard import behavior_stats
@@ -15,7 +16,7 @@ HELDOUT_SEED = 1234
 
 def heldout_pass(model, tok, cfg, n=16):
     g = torch.Generator().manual_seed(HELDOUT_SEED)
-    return evaluate(model, make_tasks("heldout"), tok, n, 1.0, g, cfg)["pass_rate"]
+    return evaluate(model, make_tasks("heldout"), tok, n, 1.0, g, cfg, env=GYM.make(cfg, evaluation=True))["pass_rate"]
 
 
 def mean(rows, key):
@@ -25,8 +26,10 @@ def mean(rows, key):
 def test_base_policy_statistics(rl_base, tok):
     cfg = RLConfig()
     g = torch.Generator().manual_seed(99)
-    train = evaluate(rl_base, make_tasks("train"), tok, 16, 1.0, g, cfg)["trajs"]       # 320 episodes
-    held = evaluate(rl_base, make_tasks("heldout"), tok, 16, 1.0, g, cfg)["trajs"]      # 160 episodes
+    train = evaluate(rl_base, make_tasks("train"), tok, 16, 1.0, g, cfg, env=GYM.make(cfg,
+                     evaluation=True))["trajs"]       # 320 episodes
+    held = evaluate(rl_base, make_tasks("heldout"), tok, 16, 1.0, g, cfg, env=GYM.make(cfg,
+                    evaluation=True))["trajs"]      # 160 episodes
     beh = behavior_stats(train)
     stats = {"train_pass": beh["pass_rate"], "heldout_pass": behavior_stats(held)["pass_rate"],
              "reads": beh["reads"], "malformed": beh["malformed"], "hardcode": beh["hardcode"],
@@ -51,7 +54,7 @@ def healthy_run(rl_base, tok):
         def after_step(self, updates, state):
             if updates in (24, 60):
                 held[updates] = heldout_pass(state.model, tok, cfg)
-    history = train(model, make_tasks("train"), tok, cfg, 60, hooks=[HeldOut()])
+    history = train(model, make_tasks("train"), tok, cfg, 60, env=GYM.make(cfg), hooks=[HeldOut()])
     return history, held
 
 
@@ -79,7 +82,7 @@ def test_sampler_matches_trainer_over_a_run(healthy_run):
 
 def test_public_reward_control_hacks(rl_base, tok):
     model, cfg = copy.deepcopy(rl_base), RLConfig(reward="public")
-    history = train(model, make_tasks("train"), tok, cfg, 24)
+    history = train(model, make_tasks("train"), tok, cfg, 24, env=GYM.make(cfg))
     held = heldout_pass(model, tok, RLConfig())
     print(f"public reward: training reward {mean(history[-4:], 'reward'):.3f}, hardcode at the last step "
           f"{history[-1]['hardcode']:.2f}, held-out hidden pass {held:.3f}")
@@ -91,7 +94,7 @@ def test_public_reward_control_hacks(rl_base, tok):
 def test_same_seed_same_run_other_seed_differs(rl_base, tok):
     def run(seed):
         model = copy.deepcopy(rl_base)
-        return model, train(model, make_tasks("train"), tok, RLConfig(seed=seed), 6)
+        return model, train(model, make_tasks("train"), tok, RLConfig(seed=seed), 6, env=GYM.make(RLConfig(seed=seed)))
     (m1, h1), (m2, h2), (m3, h3) = run(0), run(0), run(1)
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert h1 == h2
@@ -113,6 +116,6 @@ def test_rlconfig_rejects_bad_values(field, value, fragment):
 
 def test_train_rejects_bad_steps_and_empty_tasks(quick_base, tok):
     with pytest.raises(ConfigError, match="steps"):
-        train(quick_base, make_tasks("train"), tok, RLConfig(), 0)
+        train(quick_base, make_tasks("train"), tok, RLConfig(), 0, env=GYM.make(RLConfig()))
     with pytest.raises(ConfigError, match="tasks"):
-        train(quick_base, [], tok, RLConfig(), 1)
+        train(quick_base, [], tok, RLConfig(), 1, env=GYM.make(RLConfig()))

@@ -12,12 +12,16 @@ A backend is a torch.nn.Module (the optimizer, `copy.deepcopy` and `state_dict` 
 - `logits(ids, at)`: the plain full forward's logits after each position [B, T, V], or at the positions `at`
   [B, T] marks [N, V] (the invariants' independent references and the full-recompute bench baseline);
 - `describe() -> {"backend", "parameters", "config"}`.
-Building, saving and loading are the backend's module's, found by name in agentrl.backends.registry.
 
-Adding a backend is one module implementing this and one entry in agentrl.backends.registry.
+A backend module registers a `BackendSpec` under its name in agentrl.backends.registry.BACKENDS: how to build a
+model from a described config, save a checkpoint and load one, and the invariants' thresholds its rounding needs
+(its bench, if it has one, is registered in agentrl.bench). Adding a backend is that one module (plus its name in
+the registry's `BUILTIN` map when it ships with the project, so that it loads on first use).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -52,3 +56,16 @@ class PolicyBackend(Protocol):
     def frozen_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, at: torch.Tensor | None = None,
                          temperature: float = 1.0, entropy: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A policy backend as the registry holds it."""
+    name: str
+    doc: str
+    from_config: Callable            # config dict (describe()["config"]) -> a fresh model
+    save: Callable                   # (model, path, tokenizer_hash, extra | None) -> None
+    load: Callable                   # (path, tok, expect=None) -> (model, extra); tok has .hash (and len() where
+                                     # expect, the config the checkpoint must have, is checked against it)
+    read: Callable | None = None     # path -> {"state_dict", "extra"} without building a model (resume, diffs)
+    thresholds: dict = field(default_factory=dict)   # {invariant: (relation, threshold)} where its rounding needs

@@ -1,35 +1,47 @@
-"""The registry of policy backends: name -> the module that builds one from its described config (replay bundles),
-saves it and loads what it saved (`from_config(config)`, `save(model, path, tokenizer_hash, extra)`,
-`load(path, tokenizer_hash)`). A new backend is one module and one entry here.
+"""The registry of policy backends (agentrl.core.registry): name -> BackendSpec (agentrl.backends.base), and the
+checkpoint functions every stage, lab, guard and replay uses, which find a model's backend by its `kind`.
 
-Modules are imported by name when a backend is used, so a stage's code (its import closure, agentrl.tracking.closure)
-holds only the backends it imports itself: TinyAgent's stages do not depend on the Qwen3 backend's source.
+The backends that ship with the project are declared by module in `BUILTIN` and imported on first use, so a stage
+imports only the backends it uses (named in its `USES`; agentrl.tracking.closure adds their modules to its code).
 """
 from __future__ import annotations
 
-import importlib
+from agentrl.core.registry import Registry
 
-from agentrl.core.config import ConfigError
-
-BACKENDS = {
-    "tinyagent": ("agentrl.backends.tinyagent",
-                  "TinyAgent, the project's own small transformer (agentrl.model.policy)"),
-    "qwen3": ("agentrl.backends.qwen3", "a Hugging Face transformers Qwen3 causal LM loaded with from_pretrained"),
+BUILTIN = {
+    "tinyagent": "agentrl.backends.tinyagent",   # TinyAgent, the project's own small transformer (agentrl.model)
+    "qwen3": "agentrl.backends.qwen3",           # a Hugging Face Qwen3 causal LM loaded with from_pretrained
 }
+BACKENDS = Registry("policy backend", "backend", builtin=BUILTIN)
 
 
 def backend(name: str):
-    """The module of backend `name` (from_config, save, load)."""
-    if name not in BACKENDS:
-        raise ConfigError(f"backend: unknown value {name!r}; allowed: {', '.join(BACKENDS)}")
-    return importlib.import_module(BACKENDS[name][0])
+    """The BackendSpec registered as `name` (a one-line ConfigError naming the allowed ones otherwise)."""
+    return BACKENDS.get(name)
 
 
-def save(model, path, tokenizer_hash: str, extra: dict | None = None) -> None:
-    """Write a policy checkpoint the way its backend does (agentrl.model.checkpoints for TinyAgent)."""
+def save_checkpoint(model, path, tokenizer_hash: str, extra: dict | None = None) -> None:
+    """Write a policy checkpoint the way its backend does (atomically)."""
     backend(model.kind).save(model, path, tokenizer_hash, extra)
 
 
+def load_checkpoint(kind: str, path, tok, expect=None):
+    """(model, extra) of the checkpoint at `path`, written by backend `kind` for the tokenizer `tok`; `expect`: the
+    model config it must have (TinyAgent: the params' model section). Refused in one line (CheckpointError) when
+    missing, corrupted, or made for another tokenizer or config."""
+    return backend(kind).load(path, tok, expect)
+
+
+def read_checkpoint(kind: str, path) -> dict:
+    """{"state_dict", "extra"} of a checkpoint, without building its model."""
+    return backend(kind).read(path)
+
+
 def from_description(description: dict):
-    """A fresh model of the kind and config a backend's describe() gave."""
+    """A fresh model of the kind and config a backend's describe() gave (replay bundles)."""
     return backend(description["backend"]).from_config(description["config"])
+
+
+def thresholds(kind: str | None) -> dict:
+    """The invariants' thresholds a backend declares (none for an unknown or missing kind)."""
+    return dict(backend(kind).thresholds) if kind in BACKENDS else {}

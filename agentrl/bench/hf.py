@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentrl.bench import BENCHES
+
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
 
@@ -169,3 +171,9 @@ if __name__ == "__main__":   # the memory child: variant hidden layers rows thre
     torch.set_num_threads(threads)
     model, chat = small_or_given(sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else None, hidden, layers)
     print(json.dumps(update_memory(model, chat, variant, rows)))
+
+
+@BENCHES.register("qwen3")
+def bench_qwen3(args, verb) -> int:
+    verb.set_threads(max(args.threads))
+    return run_qwen3_bench(args)

@@ -11,18 +11,21 @@ import statistics
 import time
 from pathlib import Path
 
+from agentrl.bench import BENCHES
+
 
 def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
     """Median seconds of sampling, update and the whole step over `steps` timed steps (after 2 warm-up)."""
     import torch
 
+    from agentrl.env.gym.spec import GYM
     from agentrl.rl.rollout import sample_step
-    from agentrl.rl.trainer import env_factory_for, make_optimizer, prepare_batch, rl_update
+    from agentrl.rl.trainer import make_optimizer, prepare_batch, rl_update
     torch.set_num_threads(threads)
     model = copy.deepcopy(model)
     opt = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(0)
-    factory = env_factory_for(cfg)
+    factory = GYM.make(cfg)
     sample_t, update_t, tokens, sample_c, update_c = [], [], [], [], []
     for i in range(steps + 2):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -53,10 +56,9 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
     import torch
     import torch.nn.functional as F
 
-    from agentrl.env.formats import conversation
     from agentrl.model.logprobs import log_softmax
     from agentrl.rl.rollout import OWNER, Trajectory, pad_rows
-    fmt = conversation(tok)
+    fmt = tok
     ids = [fmt.prompt(env) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]
@@ -92,7 +94,7 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
                     logp[r] += [0.0] * len(reply)
                     going.append(r)
             alive = going
-    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record()) for r, env in enumerate(envs)]
 
 
 def one_step_of_envs(tasks, cfg, factory, seed: int):
@@ -111,10 +113,10 @@ def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict
     alternating order. Returns median seconds of each, their ratio, and the share of episodes both played alike."""
     import torch
 
+    from agentrl.env.gym.spec import GYM
     from agentrl.rl.rollout import sample_episodes
-    from agentrl.rl.trainer import env_factory_for
     torch.set_num_threads(threads)
-    factory = env_factory_for(cfg)
+    factory = GYM.make(cfg)
     samplers = {"cached": sample_episodes, "full": full_recompute_episodes}
     times = {name: [] for name in samplers}
     alike = []
@@ -146,10 +148,10 @@ def sampler_op_shares(model, tok, tasks, cfg, threads: int, seed: int = 3) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from agentrl.env.gym.spec import GYM
     from agentrl.rl.rollout import sample_episodes
-    from agentrl.rl.trainer import env_factory_for
     torch.set_num_threads(threads)
-    factory = env_factory_for(cfg)
+    factory = GYM.make(cfg)
     out = {}
     for name, sampler in (("KV cache", sample_episodes), ("full recompute", full_recompute_episodes)):
         for _ in range(2):   # the first pass warms up; the second is kept
@@ -225,13 +227,14 @@ def profile_step_and_eval(model, tok, steps: int, threads: int, top: int = 14) -
     import torch
 
     from agentrl.core.config import RLConfig
+    from agentrl.env.gym.spec import GYM
     from agentrl.env.tasks import make_tasks
     from agentrl.eval.evaluation import evaluate
     from agentrl.rl.rollout import sample_step
-    from agentrl.rl.trainer import env_factory_for, make_optimizer, prepare_batch, rl_update
+    from agentrl.rl.trainer import make_optimizer, prepare_batch, rl_update
     torch.set_num_threads(threads)
     cfg, model = RLConfig(), copy.deepcopy(model)
-    opt, factory = make_optimizer(model, cfg), env_factory_for(cfg)
+    opt, factory = make_optimizer(model, cfg), GYM.make(cfg)
     gen = torch.Generator().manual_seed(0)
 
     def step():
@@ -239,7 +242,8 @@ def profile_step_and_eval(model, tok, steps: int, threads: int, top: int = 14) -
         rl_update(model, opt, prepare_batch(kept, tok, cfg), cfg)
 
     def evaluation():
-        evaluate(model, make_tasks("validation"), tok, 16, 1.0, torch.Generator().manual_seed(1), cfg)
+        evaluate(model, make_tasks("validation"), tok, 16, 1.0, torch.Generator().manual_seed(1), cfg,
+                 env=GYM.make(cfg, evaluation=True))
 
     step()   # warm-up: first-use costs (optimizer state, lazy imports) are not a step's
     out = []
@@ -305,3 +309,24 @@ def compare_numerics(args) -> int:
               f"sampling x{r['sample_s']:.2f} / x{r['sample_cpu_s']:.2f}; update x{r['update_s']:.2f} / "
               f"x{r['update_cpu_s']:.2f}")
     return 0
+
+
+@BENCHES.register("tinyagent")
+def bench_tinyagent(args, verb) -> int:
+    """`python -m agentrl bench` on TinyAgent: --numerics-compare, --profile, or the step and sampler timings."""
+    try:
+        verb.model_path(args)
+    except ValueError as exc:
+        return verb.fail(str(exc))
+    if args.numerics_compare:
+        return compare_numerics(args)
+    verb.set_threads(max(args.threads))
+    from agentrl.core.config import UserError
+    from agentrl.env.gym.tokenizer import build_tokenizer
+    from agentrl.env.tasks import make_tasks
+    tok = build_tokenizer(make_tasks("all"))
+    try:
+        model, source = verb.load_model(args, tok)
+    except UserError as exc:
+        return verb.fail(str(exc) + ("" if args.model or args.quick_base else verb.model_hint))
+    return run_bench(args, model, source, tok)

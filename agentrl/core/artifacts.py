@@ -26,6 +26,10 @@ TOKENIZER = TASKS_DIR / "tokenizer.json"
 SPLIT = TASKS_DIR / "split.json"
 
 
+class CheckpointError(UserError):
+    """A checkpoint that is missing, corrupted, or from a different model config or tokenizer."""
+
+
 class StageError(UserError):
     """A problem the user can fix (missing/corrupted artifact, bad input): reported in one line."""
 

@@ -7,9 +7,10 @@ params.yaml, rejects unknown or missing sections and unknown keys, and builds th
 problem is one line naming the field and what is allowed (ParamsError), before any compute and before any output
 is written.
 
-This module is the bottom layer: the allowed values of enumerated knobs (families, loss modes, KL estimators,
-rewards, fault names, the research knobs' variants) are declared here and the registries that implement them are
-checked against these tuples by tests.
+This module is the bottom layer: fixed enumerations (families, rewards, fault names, devices) are declared here as
+tuples; the variants of the objective and the loop (loss modes, KL estimators, the research knobs' variants) are
+registries (agentrl.core.registry) whose entries the modules implementing them register, so a knob's allowed values
+are the names registered.
 """
 from __future__ import annotations
 
@@ -22,17 +23,23 @@ import yaml
 from agentrl.core import strict_yaml
 from agentrl.core.knobs import ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob, validate  # noqa: F401
 from agentrl.core.numerics import NUMERICS_MODES
+from agentrl.core.registry import Registry
 
 FAMILIES = ("minmax", "range", "init", "compare", "zero")
-LOSS_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-KL_KINDS = ("k1", "k2", "k3")
 REWARDS = ("hidden", "public")
-KEEP_MODES = ("all", "informative", "resample")
-RATIO_LEVELS = ("token", "sequence")
-ADV_ESTIMATORS = ("grpo", "rloo")
-REWARD_SCALES = ("none", "group", "batch")
-LR_SCHEDULES = ("constant", "linear", "cosine")
-CURRICULA = ("none", "pass_rate")
+
+# The objective's and the loop's variants: each a named function registered beside its formula, in the module named
+# here; the knob that chooses one takes the registry's names as its allowed values (docs/research.md lists them).
+_OBJECTIVES, _ROLLOUT = "agentrl.rl.objectives", "agentrl.rl.rollout"
+ADV_ESTIMATORS = Registry("advantage estimator", "rl.adv_estimator", _OBJECTIVES)     # reward -> baseline
+REWARD_SCALES = Registry("reward scale", "rl.scale_rewards", _OBJECTIVES)           # advantage divisor
+RATIO_LEVELS = Registry("policy ratio", "rl.ratio_level", _OBJECTIVES)              # importance ratio
+POLICY_LOSSES = Registry("policy loss", "rl.policy_loss", _OBJECTIVES)              # per-token policy term
+LOSS_MODES = Registry("loss aggregation", "rl.loss_mode", _OBJECTIVES)              # per-token loss -> scalar
+KL_KINDS = Registry("KL estimator", "rl.kl_kind", _OBJECTIVES)                      # per-token KL penalty
+KEEP_MODES = Registry("keep mode", "rl.keep", _ROLLOUT)                             # which groups are trained on
+LR_SCHEDULES = Registry("learning-rate schedule", "rl.lr_schedule", "agentrl.rl.schedule")
+CURRICULA = Registry("curriculum", "rl.curriculum", "agentrl.rl.curriculum")
 FAULT_NAMES = ("mask_shift", "stale_old_logp", "entropy_sign", "sign_flip", "accum_local", "sampler_temp",
                "ref_is_policy")
 STARTS = ("base", "sft")   # starting policies an ablation arm may name
@@ -126,6 +133,8 @@ class RLConfig(Section):
     kl_coef: float = knob(0.0, float, "KL to the frozen starting policy (0 = no reference)", lo=0.0)
     kl_kind: str = knob("k3", str, choices=KL_KINDS)
     entropy_coef: float = knob(0.0, float)
+    policy_loss: str = knob("clip", str, "the per-token policy term: clip is PPO's clipped surrogate (with dual clip "
+                            "when clip_ratio_c is set)", choices=POLICY_LOSSES)
     loss_mode: str = knob("token_mean", str, choices=LOSS_MODES)
     loss_norm_len: int = _int(1024, "seq_mean_token_sum_norm divides the summed loss by rows x this constant (verl's "
                               "loss_scale_factor), not by the padded width; default: the longest row the model "

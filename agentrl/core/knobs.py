@@ -39,11 +39,20 @@ class Spec:
     hi: float | None = None
     lo_open: bool = False           # lo < v instead of lo <= v
     hi_open: bool = False
-    choices: tuple | None = None    # allowed values (str fields; for lists: of each item)
+    choices: tuple | None = None    # allowed values (str fields; for lists: of each item), or a registry whose
+                                    # names they are (agentrl.core.registry), read when the field is checked
     item: type | None = None        # item type of a list
     nonempty: bool = False          # lists: at least one item
     unique: bool = False            # lists: no repeats
     nullable: bool = False          # null (None) is allowed too: "not set", the knob's doc says what that means
+
+    @property
+    def lazy(self) -> bool:
+        """The allowed values are a registry's names (its module loads when they are read)."""
+        return self.choices is not None and not isinstance(self.choices, tuple)
+
+    def allowed(self) -> tuple | None:
+        return tuple(self.choices) if self.lazy else self.choices
 
     def describe(self) -> str:
         text = self._describe()
@@ -57,11 +66,11 @@ class Spec:
         if self.kind is list:
             what = self._scalar(self.item)
             text = f"a {'non-empty ' if self.nonempty else ''}list of {'distinct ' if self.unique else ''}" + \
-                   (f"values from {', '.join(map(str, self.choices))}" if self.choices else what.replace("a ", "", 1)
+                   (f"values from {', '.join(map(str, self.allowed()))}" if self.choices else what.replace("a ", "", 1)
                     .replace("an ", "", 1) + "s")
             return text
         if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
+            return "one of " + ", ".join(map(str, self.allowed()))
         return self._scalar(self.kind)
 
     def _scalar(self, kind) -> str:
@@ -100,7 +109,7 @@ class Spec:
                 raise ValueError
             return value
         if kind is str:
-            if not isinstance(value, str) or (self.choices and value not in self.choices):
+            if not isinstance(value, str) or (self.choices and value not in self.allowed()):
                 raise ValueError
             return value
         if isinstance(value, bool):
@@ -115,7 +124,7 @@ class Spec:
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError
-        if self.choices and value not in self.choices:
+        if self.choices and value not in self.allowed():
             raise ValueError
         if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
             raise ValueError
@@ -137,9 +146,10 @@ def prob(default: float, doc: str = ""):
 
 
 def validate(obj) -> None:
-    """Check (and coerce) every field of a config object by its Spec; raise ConfigError naming the field."""
-    for f in fields(obj):
-        spec = f.metadata.get("spec")
+    """Check (and coerce) every field of a config object by its Spec; raise ConfigError naming the field. Fields
+    whose allowed values are a registry's names come last, so every other problem is found without loading one."""
+    specs = [(f, f.metadata.get("spec")) for f in fields(obj)]
+    for f, spec in sorted(specs, key=lambda fs: fs[1] is not None and fs[1].lazy):
         if spec is None:
             continue
         value = getattr(obj, f.name)
@@ -149,7 +159,7 @@ def validate(obj) -> None:
             allowed = spec.describe()
             if spec.choices and spec.kind is str and isinstance(value, str):
                 raise ConfigError(f"{type(obj).__name__}.{f.name}: unknown value {value!r}; allowed: "
-                                  f"{', '.join(map(str, spec.choices))}") from None
+                                  f"{', '.join(map(str, spec.allowed()))}") from None
             raise ConfigError(f"{type(obj).__name__}.{f.name}: expected {allowed}, got {value!r}") from None
         if good is not value:
             object.__setattr__(obj, f.name, good)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from agentrl.core.artifacts import StageError
 from agentrl.core.config import ConfigError, arm_overrides
 from agentrl.core.seeding import generator
+from agentrl.env.gym.spec import GYM
 from agentrl.eval.evaluation import evaluate
 from agentrl.rl.trainer import train
 
@@ -28,9 +29,9 @@ def arm_config(arm: str, rl, acfg, seed: int):
 
 def run_instance(model, arm: str, seed: int, start: str, cfg, acfg, tok, split: dict, hooks=()) -> dict:
     """Train one (arm, seed) instance in place and evaluate it on the held-out tasks."""
-    history = train(model, split["train"], tok, cfg, acfg.steps, hooks=hooks)
+    history = train(model, split["train"], tok, cfg, acfg.steps, env=GYM.make(cfg), hooks=hooks)
     res = evaluate(model, split["heldout"], tok, acfg.eval_per_task, cfg.temperature,
-                   generator(seed, "ablate-eval"), cfg)
+                   generator(seed, "ablate-eval"), cfg, env=GYM.make(cfg, evaluation=True))
     late = history[-LATE_WINDOW:]
     return {"arm": arm, "seed": seed, "start": start, "steps": acfg.steps, "config": cfg.to_dict(),
             "heldout_pass": res["pass_rate"], "per_task": res["per_task"], "late_window": len(late),

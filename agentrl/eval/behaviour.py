@@ -7,6 +7,7 @@ from collections import Counter
 
 from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.gym.environment import NL
+from agentrl.env.gym.spec import GYM
 from agentrl.env.ops import OPS
 from agentrl.eval.evaluation import evaluate
 from agentrl.rl.dashboard import behavior_stats
@@ -17,7 +18,7 @@ STREAM = "report-learned"
 
 
 def tool_sequence(tr: Trajectory) -> str:
-    return " ".join(tr.info["tools"])
+    return " ".join(tr.record.calls)
 
 
 def top_sequences(trajs: list[Trajectory], k: int = TOP_SEQUENCES) -> list[tuple[str, int]]:
@@ -54,12 +55,16 @@ def transcript(tr: Trajectory, tok) -> list[str]:
     return lines
 
 
+def edit_ops(tr: Trajectory) -> list[str]:
+    """The gym's repair ops an episode applied, in order (its `edit:<op>` calls)."""
+    return [c.split(":", 1)[1] for c in tr.record.calls if c.startswith("edit:")]
+
+
 def episode_record(tr: Trajectory) -> dict:
-    info = tr.info
-    return {"task": info["task"], "family": info["family"], "function_name": info["name"], "reward": tr.reward,
-            "submitted": info["submitted"], "hidden_pass": info["hidden_pass"], "public_pass": info["public_pass"],
-            "ops": list(info["ops"]), "tools": list(info["tools"]), "n_turns": info["n_turns"],
-            "n_invalid": info["n_invalid"]}
+    r = tr.record
+    return {"task": r.task, "family": r.family, "function_name": r.name, "reward": tr.reward,
+            "submitted": r.finished, "hidden_pass": r.hidden_pass, "public_pass": r.public_pass,
+            "ops": edit_ops(tr), "tools": list(r.calls), "n_turns": r.turns, "n_invalid": r.malformed}
 
 
 def _mean(values) -> float | None:
@@ -69,12 +74,14 @@ def _mean(values) -> float | None:
 
 def describe_policy(model, tasks: list, tok, cfg, episodes_per_task: int, seed: int) -> tuple[dict, list]:
     """One policy on `tasks` from the behaviour stream of `seed` -> (summary, trajectories)."""
-    res = evaluate(model, tasks, tok, episodes_per_task, cfg.temperature, stream_generator(seed, STREAM), cfg)
+    res = evaluate(model, tasks, tok, episodes_per_task, cfg.temperature, stream_generator(seed, STREAM), cfg,
+                   env=GYM.make(cfg, evaluation=True))
     trajs = res["trajs"]
     ops = list(OPS) + ["none"]
     first_ops = {t.name: {op: 0 for op in ops} for t in tasks}
     for tr in trajs:
-        first_ops[tr.info["task"]][tr.info["ops"][0] if tr.info["ops"] else "none"] += 1
+        ops = edit_ops(tr)
+        first_ops[tr.record.task][ops[0] if ops else "none"] += 1
     n = len(trajs)
     seqs = [{"sequence": s, "count": c, "share": c / n} for s, c in top_sequences(trajs)]
     per_task = {name: {**v, "rate": v["c"] / v["n"]} for name, v in res["per_task"].items()}
@@ -87,7 +94,7 @@ def describe_policy(model, tasks: list, tok, cfg, episodes_per_task: int, seed: 
 def failure_transcripts(trajs: list, tok, families: list[str], per_family: int) -> dict:
     fams = {}
     for fam in families:
-        in_fam = [tr for tr in trajs if tr.info["family"] == fam]
+        in_fam = [tr for tr in trajs if tr.record.family == fam]
         failed = [tr for tr in in_fam if tr.reward <= 0]
         fams[fam] = {"episodes": len(in_fam), "failures": len(failed),
                      "transcripts": [{**episode_record(tr), "lines": transcript(tr, tok)}

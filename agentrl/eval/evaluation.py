@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from agentrl.core.seeding import generator as stream_generator
-from agentrl.env.gym.environment import make_env_factory
 from agentrl.eval.stats import mean_pass_at_k
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.objectives import masked_mean
@@ -14,38 +13,32 @@ from agentrl.rl.rollout import Trajectory, collate, sample_episodes
 from agentrl.rl.trainer import Hook, TrainState
 
 
-def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, generator: torch.Generator, cfg,
-             env_factory=None, batch_episodes: int = 256) -> dict:
-    """Sample n_per_task episodes per task with the given generator (never the training stream).
-    Returns {"pass_rate", "per_task": {name: {"n", "c"}}, "trajs"} where c counts hidden-test successes.
-    The reward is always the hidden tests' (cfg.reward only shapes training)."""
+def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, generator: torch.Generator, cfg, *,
+             env, batch_episodes: int = 256) -> dict:
+    """Sample n_per_task episodes per task with the given generator (never the training stream) on the episodes
+    `env(task, generator)` makes: an evaluation's (EnvironmentSpec.make(cfg, evaluation=True): the reward is the
+    hidden tests' whatever cfg.reward trains on). Returns {"pass_rate", "per_task": {name: {"n", "c"}}, "trajs"}
+    where c counts successes."""
     if n_per_task < 1:
         raise ValueError(f"n_per_task: expected an integer >= 1, got {n_per_task!r}")
-    env_factory = env_factory or make_env_factory(cfg.max_turns, "hidden", cfg.rename)
-    envs = [env_factory(task, generator) for task in tasks for _ in range(n_per_task)]
+    envs = [env(task, generator) for task in tasks for _ in range(n_per_task)]
     trajs: list[Trajectory] = []
     for i in range(0, len(envs), batch_episodes):
         trajs += sample_episodes(model, envs[i:i + batch_episodes], tok, generator, temperature, cfg.max_call_tokens)
     per_task = {t.name: {"n": 0, "c": 0} for t in tasks}
     for tr in trajs:
-        per_task[tr.info["task"]]["n"] += 1
-        per_task[tr.info["task"]]["c"] += int(tr.reward > 0)
+        per_task[tr.record.task]["n"] += 1
+        per_task[tr.record.task]["c"] += int(tr.reward > 0)
     return {"pass_rate": sum(tr.reward for tr in trajs) / len(trajs), "per_task": per_task, "trajs": trajs}
 
 
-def validator(tasks: list, tok, cfg, n_per_task: int, seed: int):
+def validator(tasks: list, tok, cfg, n_per_task: int, seed: int, *, env):
     """validate(model) for the main run's checkpoints: the validation tasks from the stream (seed, "validation")
     at the sampling temperature, the same episodes for every checkpoint."""
     def validate(model) -> dict:
-        return evaluate(model, tasks, tok, n_per_task, cfg.temperature, stream_generator(seed, "validation"), cfg)
+        return evaluate(model, tasks, tok, n_per_task, cfg.temperature, stream_generator(seed, "validation"), cfg,
+                        env=env)
     return validate
-
-
-def sample_counts(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg,
-                  temperature: float = 1.0) -> dict:
-    """Per-task (n, c): episodes and hidden-test successes, from the given generator."""
-    res = evaluate(model, tasks, tok, n_per_task, temperature, generator, cfg)
-    return {name: (v["n"], v["c"]) for name, v in res["per_task"].items()}
 
 
 @torch.no_grad()
@@ -65,11 +58,11 @@ def group_gradient_share(trajs: list[Trajectory], group_size: int) -> float:
 DESCRIBE_GROUP_SIZE = 8
 
 
-def describe(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg,
+def describe(model, tasks: list, tok, n_per_task: int, generator: torch.Generator, cfg, *, env,
              group_size: int = DESCRIBE_GROUP_SIZE) -> dict:
     """A starting policy in numbers: pass@1 and pass@8 (unbiased, per task then averaged), the share of
     groups of `group_size` with a gradient (rewards not all equal), action-token entropy, reads per episode."""
-    res = evaluate(model, tasks, tok, n_per_task, 1.0, generator, cfg)
+    res = evaluate(model, tasks, tok, n_per_task, 1.0, generator, cfg, env=env)
     counts = [(v["n"], v["c"]) for v in res["per_task"].values()]
     trajs = res["trajs"]
     beh = behavior_stats(trajs)
@@ -85,14 +78,16 @@ class HeldOutEval(Hook):
     every run evaluated with the same seed and stream sees the same episodes at the same step (common random
     numbers)."""
 
-    def __init__(self, tasks: list, tok, cfg, steps: int, every: int, per_task: int, seed: int, stream: str):
-        self.tasks, self.tok, self.cfg, self.steps = tasks, tok, cfg, steps
+    def __init__(self, tasks: list, tok, cfg, steps: int, every: int, per_task: int, seed: int, stream: str, *,
+                 env):
+        self.tasks, self.tok, self.cfg, self.steps, self.env = tasks, tok, cfg, steps, env
         self.every, self.per_task, self.seed, self.stream = every, per_task, seed, stream
         self.start = None
 
     def _pass_rate(self, model, updates: int) -> float:
         g = stream_generator(self.seed, self.stream, updates)
-        return evaluate(model, self.tasks, self.tok, self.per_task, self.cfg.temperature, g, self.cfg)["pass_rate"]
+        return evaluate(model, self.tasks, self.tok, self.per_task, self.cfg.temperature, g, self.cfg,
+                        env=self.env)["pass_rate"]
 
     def on_start(self, state: TrainState) -> None:
         self.start = self._pass_rate(state.model, 0)

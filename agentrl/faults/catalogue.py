@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from agentrl.core.config import RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.eval.evaluation import HeldOutEval
 from agentrl.faults.registry import BUGS, seams_for
 from agentrl.rl.guards import BundleGuard
@@ -180,7 +181,8 @@ def run_one(name: str, model, tok, train_tasks: list, cfg: RLConfig, steps: int,
     stopped = None
     t0 = time.time()
     try:
-        train(model, train_tasks, tok, cfg, steps, seams=seams_for(spec.bug), hooks=hooks, history=history)
+        train(model, train_tasks, tok, cfg, steps, env=GYM.make(cfg), seams=seams_for(spec.bug), hooks=hooks,
+              history=history)
     except NonFiniteError as exc:
         stopped = str(exc)
     first = next((r for r in history if r.get("diverged")), None)
@@ -211,7 +213,8 @@ def build_catalogue(base, tok, train_tasks: list, eval_tasks: list, base_cfg: RL
         cfg = run_config(SPECS[name], base_cfg, params)
         steps = run_steps(SPECS[name], params, steps_for)
         model = copy.deepcopy(length_start if name in LENGTH_PAIR else base)
-        hooks = [HeldOutEval(eval_tasks, tok, cfg, steps, fcfg.eval_every, fcfg.eval_per_task, seed, EVAL_STREAM),
+        hooks = [HeldOutEval(eval_tasks, tok, cfg, steps, fcfg.eval_every, fcfg.eval_per_task, seed, EVAL_STREAM,
+                             env=GYM.make(cfg, evaluation=True)),
                  BundleGuard(None, cfg, SPECS[name].bug, mode="record"), Progress(name, steps, log)]
         out[name] = run_one(name, model, tok, train_tasks, cfg, steps, hooks)
         if log is not None:

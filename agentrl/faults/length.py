@@ -13,6 +13,7 @@ import statistics
 from dataclasses import replace
 
 from agentrl.core.config import LENGTH_START_KNOBS, RLConfig
+from agentrl.env.gym.spec import GYM
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
 from agentrl.faults.catalogue import LENGTH_PAIR, SPECS, run_config, run_steps
 from agentrl.faults.history import _delta, _fmt, _num, _signed, _window, end_mean
@@ -38,7 +39,7 @@ def length_pair_row(length_start, tok, train_tasks: list, base_cfg: RLConfig, pa
     for name in LENGTH_PAIR:
         cfg = replace(run_config(SPECS[name], base_cfg, params), seed=int(seed))
         hist[name] = train(copy.deepcopy(length_start), train_tasks, tok, cfg, run_steps(SPECS[name], params),
-                           hooks=hooks_for(cfg))
+                           env=GYM.make(cfg), hooks=hooks_for(cfg))
     f, t = hist["length_bias"], hist["length_twin"]
     k = _window(min(len(f), len(t)))
     row = {"seed": int(seed), "window": k, "steps": len(f)}

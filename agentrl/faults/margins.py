@@ -21,12 +21,12 @@ def measure(model, tok, tasks: list, cfg, seeds: list[int], bugs: list[str], pro
     """{seeds, values: {row: [ {check: value} per seed ]}, failed: {row: [failed invariants per seed]}}; rows
     are 'None' (the clean trainer) and each fault. Batches come from the preflight stream of each seed."""
     from agentrl.core.seeding import generator
+    from agentrl.env.gym.spec import GYM
     from agentrl.rl.rollout import sample_step
-    from agentrl.rl.trainer import env_factory_for
     values: dict = {str(b): [] for b in [None, *bugs]}
     failed: dict = {str(b): [] for b in [None, *bugs]}
     for seed in seeds:
-        batch, _ = sample_step(model, env_factory_for(cfg), tasks, tok, cfg, generator(seed, "preflight"))
+        batch, _ = sample_step(model, GYM.make(cfg), tasks, tok, cfg, generator(seed, "preflight"))
         for bug in [None, *bugs]:
             res = sanity_checks(model, batch, tok, cfg, seams_for(bug))
             values[str(bug)].append({c: float(res[c][0]) for c in CHECKS})
@@ -126,12 +126,12 @@ def main(argv=None) -> int:
         return 0 if summary["matrix_held"] == summary["matrix_seeds"] else 1
     import torch
     torch.set_num_threads(args.threads)
+    from agentrl.backends.registry import load_checkpoint
     from agentrl.core.config import RLConfig
     from agentrl.env.gym.tokenizer import build_tokenizer
     from agentrl.env.tasks import make_tasks
-    from agentrl.model.checkpoints import load_policy
     tok = build_tokenizer(make_tasks("all"))
-    model = load_policy(args.model, tok.hash)[0]
+    model = load_checkpoint("tinyagent", args.model, tok)[0]
     measured = measure(model, tok, make_tasks("train"), RLConfig(kl_coef=args.kl_coef), list(range(args.seeds)),
                        list(FAULTS), progress=lambda m: print(m, file=sys.stderr, flush=True))
     summary = summarize(measured)

@@ -106,12 +106,12 @@ def held_out(model, tasks, chat, lab, cfg, env_factory, seed: int, label: str) -
     """Held-out episodes (hidden-test reward) from the evaluation stream `label`, with their behaviour."""
     model.eval()
     res = evaluate(model, tasks, chat, lab.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
-                   env_factory=env_factory, batch_episodes=lab.eval_batch)
+                   env=env_factory, batch_episodes=lab.eval_batch)
     beh = behavior_stats(res["trajs"])
     out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
            "entropy": no_grad(action_entropy)(model, res["trajs"], chat)}
-    if all("failed" in t.info for t in res["trajs"]):
+    if all("failed_malformed" in t.record.counts for t in res["trajs"]):
         out.update(tools_behaviour(res["trajs"]))
     return out
 
@@ -120,18 +120,18 @@ def tools_behaviour(trajs: list) -> dict:
     """Per episode of the generic-tools lab: failed calls by kind, Write calls, test runs, final answers that claim
     success while the hidden tests fail, reads first; and the hidden-test outcome per family."""
     n = len(trajs)
-    kinds = trajs[0].info["failed"]
+    kinds = [k[len("failed_"):] for k in trajs[0].record.counts if k.startswith("failed_")]
     families: dict = {}
     for t in trajs:
-        fam = families.setdefault(t.info["family"], {"n": 0, "c": 0})
+        fam = families.setdefault(t.record.family, {"n": 0, "c": 0})
         fam["n"] += 1
         fam["c"] += int(t.reward > 0)
-    return {"failed_calls": {k: sum(t.info["failed"][k] for t in trajs) / n for k in kinds},
-            "writes": sum(t.info["writes"] for t in trajs) / n,
-            "test_runs": sum(t.info["test_runs"] for t in trajs) / n,
-            "answered": sum(t.info["answered"] for t in trajs) / n,
-            "false_success_claims": sum(t.info["false_success_claim"] for t in trajs) / n,
-            "read_first": sum(bool(t.info["calls"]) and t.info["calls"][0] == "Read" for t in trajs) / n,
+    return {"failed_calls": {k: sum(t.record.counts[f"failed_{k}"] for t in trajs) / n for k in kinds},
+            "writes": sum(t.record.counts["writes"] for t in trajs) / n,
+            "test_runs": sum(t.record.tests for t in trajs) / n,
+            "answered": sum(t.record.finished for t in trajs) / n,
+            "false_success_claims": sum(t.record.counts["false_success_claim"] for t in trajs) / n,
+            "read_first": sum(bool(t.record.kinds) and t.record.kinds[0] == "read" for t in trajs) / n,
             "per_family": dict(sorted(families.items()))}
 
 
@@ -199,7 +199,7 @@ def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, l
 
         t0 = time.time()
         model.train()
-        history = train(model, train_tasks, chat, cfg, lab.steps, env_factory=env_factory,
+        history = train(model, train_tasks, chat, cfg, lab.steps, env=env_factory,
                         generator=stream_generator(seed, "lab", "grpo"), hooks=hooks)
         lap("grpo", t0)
         save_qwen3(model, out_dir / "final", chat.hash, tokenizer_dir=TOKENIZER_DIR)

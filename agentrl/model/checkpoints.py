@@ -8,12 +8,8 @@ from pathlib import Path
 
 import torch
 
-from agentrl.core.config import UserError
+from agentrl.core.artifacts import CheckpointError
 from agentrl.model.policy import ModelConfig, TinyAgent
-
-
-class CheckpointError(UserError):
-    """A checkpoint that is missing, corrupted, or from a different model config or tokenizer."""
 
 
 def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None = None) -> None:

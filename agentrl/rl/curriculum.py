@@ -8,14 +8,14 @@ weight is ever 0. The estimates come from the dashboard history (each row record
 """
 from __future__ import annotations
 
-from agentrl.core.config import RLConfig
+from agentrl.core.config import CURRICULA, RLConfig
 
 
 def task_outcomes(trajs: list) -> dict:
     """{task name: [passes, episodes]} of a step's sampled episodes."""
     out: dict[str, list[int]] = {}
     for t in trajs:
-        c = out.setdefault(t.info["task"], [0, 0])
+        c = out.setdefault(t.record.task, [0, 0])
         c[0] += int(t.reward > 0)
         c[1] += 1
     return out
@@ -32,11 +32,13 @@ def recent_pass_counts(history: list[dict], window: int) -> dict:
     return total
 
 
+@CURRICULA.register("none")
 def uniform(tasks: list, history: list[dict], cfg: RLConfig) -> None:
     """No weights: the sampler draws distinct tasks uniformly (agentrl.rl.rollout.choose_tasks)."""
     return None
 
 
+@CURRICULA.register("pass_rate")
 def pass_rate_weights(tasks: list, history: list[dict], cfg: RLConfig) -> list[float]:
     """Per task (in `tasks` order) p(1 - p), p = (passes + 1) / (episodes + 2) over the recent window."""
     counts = recent_pass_counts(history, cfg.curriculum_window)
@@ -46,9 +48,6 @@ def pass_rate_weights(tasks: list, history: list[dict], cfg: RLConfig) -> list[f
         p = (c + 1) / (n + 2)
         weights.append(p * (1 - p))
     return weights
-
-
-CURRICULA = {"none": uniform, "pass_rate": pass_rate_weights}   # keys: config.CURRICULA
 
 
 def task_weights(cfg: RLConfig, tasks: list, history: list[dict]) -> list[float] | None:

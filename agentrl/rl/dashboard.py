@@ -1,8 +1,10 @@
 """The dashboard row: one flat record per training step, four groups (docs/design.md), and the behaviour statistics of a
-set of episodes that its behaviour group (and every evaluation) reports.
+set of episodes that its behaviour group (and every evaluation) reports, read from the episodes' records
+(agentrl.env.base.EpisodeRecord), so any environment's episodes make the same row.
 
     outcome       reward, pass_rate (and eval_pass, added by a held-out evaluation hook)
-    behaviour     what the agent did per episode; policy-token lengths of passed and failed episodes
+    behaviour     what the agent did per episode; policy-token lengths of passed and failed episodes; the mean of
+                  each of the environment's own counts (the gym's hardcode)
     optimizer     entropy, approx_kl, clipping, ratio extremes, gradient norm, KL to the reference, and the share
                   of groups with zero advantage (split into all-pass and all-fail)
     consistency   logp_gap: mean |trainer - sampler| log-prob on trained tokens (and its per-step max)
@@ -15,9 +17,8 @@ import hashlib
 
 METRIC_GROUPS = {
     "outcome": ["reward", "pass_rate", "eval_pass"],
-    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "hardcode", "length_pass",
-                  "length_fail",
-                  "fail_turn_limit"],
+    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "length_pass", "length_fail",
+                  "fail_turn_limit"],   # and the environment's counts
     "optimizer": ["entropy", "approx_kl", "approx_kl_max", "clip_frac", "clip_frac_max", "ratio_max", "ratio_min",
                   "grad_norm", "grad_norm_max", "kl_ref", "zero_adv_frac", "all_pass_frac", "all_fail_frac"],
     "consistency": ["logp_gap", "logp_gap_max"],
@@ -26,30 +27,34 @@ METRIC_GROUPS = {
 
 
 def behavior_stats(trajs: list) -> dict:
-    """Per-episode averages of what the agent did, plus policy-token lengths split by outcome."""
+    """Per-episode averages of what the agent did (from the episodes' records), plus policy-token lengths split by
+    outcome. `submitted`: the share that ended the episode themselves (a submit, a final answer)."""
     n = max(len(trajs), 1)
+    recs = [t.record for t in trajs]
     passed = [t for t in trajs if t.reward > 0]
     failed = [t for t in trajs if t.reward <= 0]
     mean_len = lambda ts: sum(t.n_policy_tokens for t in ts) / len(ts) if ts else float("nan")
-    return {
+    out = {
         "episodes": len(trajs),
         "pass_rate": sum(t.reward for t in trajs) / n,
-        "hidden_pass": sum(t.info["hidden_pass"] and t.info["submitted"] for t in trajs) / n,
-        "reads": sum(t.info["reads"] for t in trajs) / n,
-        "tests": sum(t.info["tests"] for t in trajs) / n,
-        "edits": sum(t.info["edits"] for t in trajs) / n,
-        "turns": sum(t.info["n_turns"] for t in trajs) / n,
-        "malformed": sum(t.info["n_invalid"] for t in trajs) / n,
-        "submitted": sum(t.info["submitted"] for t in trajs) / n,
-        "hardcode": sum("hardcode_tests" in t.info["ops"] for t in trajs) / n,
-        "read_first": sum(bool(t.info["tools"]) and t.info["tools"][0] == "read" for t in trajs) / n,
+        "hidden_pass": sum(r.hidden_pass and r.finished for r in recs) / n,
+        "reads": sum(r.reads for r in recs) / n,
+        "tests": sum(r.tests for r in recs) / n,
+        "edits": sum(r.edits for r in recs) / n,
+        "turns": sum(r.turns for r in recs) / n,
+        "malformed": sum(r.malformed for r in recs) / n,
+        "submitted": sum(r.finished for r in recs) / n,
+        "read_first": sum(bool(r.kinds) and r.kinds[0] == "read" for r in recs) / n,
         "length_pass": mean_len(passed),
         "length_fail": mean_len(failed),
         # failed episodes that ran out of turns (never submitted): length_fail is a mix of these long failures
         # and short submitted ones, so it moves when either kind's share does
-        "fail_turn_limit": sum(not t.info["submitted"] for t in failed) / len(failed) if failed else float("nan"),
+        "fail_turn_limit": sum(not t.record.finished for t in failed) / len(failed) if failed else float("nan"),
         "policy_tokens": mean_len(trajs),
     }
+    for name in sorted({k for r in recs for k in r.counts}):
+        out[name] = sum(r.counts.get(name, 0) for r in recs) / n
+    return out
 
 
 def zero_adv_share(sampled: list) -> float:
@@ -69,6 +74,7 @@ def dashboard_row(sampled: list, update: dict) -> dict:
     n_groups = max(len(groups), 1)
     row = {"reward": sum(t.reward for t in sampled) / len(sampled), "pass_rate": beh["hidden_pass"]}
     row.update({k: beh[k] for k in METRIC_GROUPS["behaviour"]})
+    row.update({k: beh[k] for k in sorted({k for t in sampled for k in t.record.counts})})
     row["zero_adv_frac"] = zero_adv_share(sampled)
     row["all_pass_frac"] = sum(all(r > 0 for r in rs) for rs in groups.values()) / n_groups
     row["all_fail_frac"] = sum(all(r <= 0 for r in rs) for rs in groups.values()) / n_groups

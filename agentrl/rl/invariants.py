@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import torch
 
+from agentrl.backends.registry import thresholds as backend_thresholds
 from agentrl.core.config import RLConfig
 from agentrl.rl import references as refs
 from agentrl.rl.trainer import (
@@ -43,10 +44,6 @@ CHECKS = ("mask_is_policy", "sampler_trainer_gap", "ratio_is_one", "group_adv_me
 THRESHOLDS = {"mask_is_policy": ("==", 0), "sampler_trainer_gap": ("<", 1e-3), "ratio_is_one": ("<", 1e-3),
               "group_adv_mean": ("<", 1e-5), "padding_invariance": ("<", 1e-4), "accumulation": ("<", 1e-4),
               "old_logp_frozen": ("<", 1e-6), "update_direction": (">", 0.0), "kl_to_reference": (">", 1e-6)}
-# a backend's own thresholds where its float32 rounding is measured to need them (docs/preflight.md, "Qwen3"): on the
-# Qwen3 backend (151,936-token vocabulary, ~500-token rows, 2 threads) the clean trainer's accumulation measured
-# 1.1e-5 to 2.1e-4 and the accum_local fault 0.051 to 0.142
-BACKEND_THRESHOLDS = {"qwen3": {"accumulation": ("<", 1e-3)}}
 PROBE_SHIFT = 0.5            # probe old/reference log-probs: the current ones + uniform(-0.5, 0.5)
 PROBE_ENTROPY_COEF = 0.1     # the entropy term's coefficient in checks 5 and 6 when the run's is 0
 PAD_EXTRA = 7                # check 5 pads the batch this many columns further
@@ -64,8 +61,9 @@ class Results(dict):
 
 
 def thresholds_for(backend: str | None = None) -> dict:
-    """{check: (relation, threshold)} for a backend kind (TinyAgent's unless the backend has its own)."""
-    return THRESHOLDS | BACKEND_THRESHOLDS.get(backend, {})
+    """{check: (relation, threshold)} for a backend kind: these, with the ones its BackendSpec declares where its
+    float32 rounding is measured to need them (docs/preflight.md)."""
+    return THRESHOLDS | backend_thresholds(backend)
 
 
 def passes(check: str, value, backend: str | None = None) -> bool:
@@ -210,7 +208,9 @@ def check_update(model, batch: dict, truth: torch.Tensor, cfg: RLConfig, seams: 
 # ---------------------------------------------------------------- all nine
 
 def sanity_checks(model, trajs: list, tok, cfg: RLConfig, seams: Seams = SEAMS) -> Results:
-    """The nine invariants on one step-0 batch -> {check: (value, passed)} (Results, with .errors)."""
+    """The nine invariants on one step-0 batch -> {check: (value, passed)} (Results, with .errors). A variant of
+    the objective without an independent re-derivation (agentrl.rl.references) is refused before any check."""
+    refs.check_derivable(cfg)
     cfg = replace(cfg, minibatches=max(2, cfg.minibatches), epochs=max(2, cfg.epochs), kl_coef=max(cfg.kl_coef, 0.1))
     sampler_temp = seams.sampler_temperature(cfg)
 

@@ -1,50 +1,67 @@
 """One small function per formula, each testable on tensors alone. Shapes: B rows, T tokens, V vocab;
-per-token quantities live on targets, i.e. [B, T-1] aligned to ids[1:]. Where a knob selects a variant, the
-variants are named functions in a registry next to their formula (BASELINES, REWARD_SCALES, POLICY_RATIOS)."""
+per-token quantities live on targets, i.e. [B, T-1] aligned to ids[1:]. Where a knob selects a variant, each variant
+is a named function registered here beside its formula, with one fixed signature per kind (the registries are
+agentrl.core.config's; the knob's allowed values are their names):
+
+    ADV_ESTIMATORS  rl.adv_estimator  baseline(r [n]) -> [n] or []         r: one group's rewards
+    REWARD_SCALES   rl.scale_rewards  scale(r [n], rewards [B]) -> [] or None (no division)
+    RATIO_LEVELS    rl.ratio_level    ratio(logp, old_logp, mask [B, L]) -> [B, L]
+    POLICY_LOSSES   rl.policy_loss    term(ratio, adv [B, L], cfg) -> per-token loss [B, L]
+    LOSS_MODES      rl.loss_mode      reduce(masked per-token [B, L], mask [B, L], norm_len) -> []
+                                      (meta weight: "tokens" or "rows", how microbatches share a minibatch)
+    KL_KINDS        rl.kl_kind        k(log_ratio [B, L]) -> [B, L]
+"""
 from __future__ import annotations
 
 import torch
 
-from agentrl.core.config import KL_KINDS, LOSS_MODES
+from agentrl.core.config import ADV_ESTIMATORS, KL_KINDS, LOSS_MODES, POLICY_LOSSES, RATIO_LEVELS, REWARD_SCALES
 
 
+@ADV_ESTIMATORS.register("grpo")
 def group_mean_baseline(r: torch.Tensor) -> torch.Tensor:
     """GRPO: every episode's baseline is its group's mean reward."""
     return r.mean()
 
 
+@ADV_ESTIMATORS.register("rloo")
 def leave_one_out_baseline(r: torch.Tensor) -> torch.Tensor:
     """RLOO: each episode's baseline is the mean reward of the other episodes of its group."""
     return (r.sum() - r) / max(r.numel() - 1, 1)
 
 
+@REWARD_SCALES.register("none")
+def no_scale(r: torch.Tensor, rewards: torch.Tensor) -> None:
+    """Dr. GRPO: advantages are not divided."""
+    return None
+
+
+@REWARD_SCALES.register("group")
 def group_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """The unbiased std of the group's rewards (0 for a single episode)."""
     return r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())
 
 
+@REWARD_SCALES.register("batch")
 def batch_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """The unbiased std of every reward of the batch (TRL's scale_rewards='batch')."""
     return rewards.std(unbiased=True) if rewards.numel() > 1 else rewards.new_zeros(())
 
 
-BASELINES = {"grpo": group_mean_baseline, "rloo": leave_one_out_baseline}
-REWARD_SCALES = {"none": None, "group": group_std, "batch": batch_std}
-
-
 def compute_advantages(rewards: torch.Tensor, group: torch.Tensor, std_scale: bool = False,
                        eps: float = 1e-6, estimator: str = "grpo", scale: str | None = None) -> torch.Tensor:
-    """Group-relative advantage [B]: reward minus its baseline (BASELINES[estimator]), divided by
-    (REWARD_SCALES[scale] + eps) unless scale is 'none'. scale=None: 'group' if std_scale else 'none'."""
-    std = REWARD_SCALES[scale or ("group" if std_scale else "none")]
-    baseline = BASELINES[estimator]
+    """Group-relative advantage [B]: reward minus its baseline (ADV_ESTIMATORS[estimator]), divided by
+    (REWARD_SCALES[scale] + eps) unless that scale is None ('none'). scale=None: 'group' if std_scale else 'none'."""
+    scale_of = REWARD_SCALES[scale or ("group" if std_scale else "none")]
+    baseline = ADV_ESTIMATORS[estimator]
     adv = torch.zeros_like(rewards)
     for g in torch.unique(group):
         rows = group == g
         r = rewards[rows]
         a = r - baseline(r)
+        std = scale_of(r, rewards)
         if std is not None:
-            a = a / (std(r, rewards) + eps)
+            a = a / (std + eps)
         adv[rows] = a
     return adv
 
@@ -54,24 +71,38 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+@LOSS_MODES.register("token_mean", weight="tokens")
+def token_mean(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
+    """Sum over masked tokens / their count."""
+    return masked.sum() / mask.sum().clamp(min=1)
+
+
+@LOSS_MODES.register("seq_mean_token_mean", weight="rows")
+def seq_mean_token_mean(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
+    """Mean over rows of each row's token mean."""
+    return (masked.sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+
+@LOSS_MODES.register("seq_mean_token_sum", weight="rows")
+def seq_mean_token_sum(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
+    """Mean over rows of each row's token sum."""
+    return masked.sum(1).mean()
+
+
+@LOSS_MODES.register("seq_mean_token_sum_norm", weight="rows")
+def seq_mean_token_sum_norm(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
+    """Total sum / (B * norm_len), norm_len a constant (cfg.loss_norm_len; None: the padded width L, which moves
+    with the batch's padding)."""
+    return masked.sum() / (mask.shape[0] * (mask.shape[1] if norm_len is None else norm_len))
+
+
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
                    norm_len: int | None = None) -> torch.Tensor:
-    """Reduce a per-token loss [B, L] to a scalar:
-    token_mean: sum over masked tokens / their count;  seq_mean_token_mean: mean over rows of each row's mean;
-    seq_mean_token_sum: mean over rows of each row's sum;  seq_mean_token_sum_norm: total sum / (B * norm_len),
-    norm_len a constant (cfg.loss_norm_len; None: the padded width L, which moves with the batch's padding)."""
-    masked = per_token * mask
-    if mode == "token_mean":
-        return masked.sum() / mask.sum().clamp(min=1)
-    if mode == "seq_mean_token_mean":
-        return (masked.sum(1) / mask.sum(1).clamp(min=1)).mean()
-    if mode == "seq_mean_token_sum":
-        return masked.sum(1).mean()
-    if mode == "seq_mean_token_sum_norm":
-        return masked.sum() / (mask.shape[0] * (mask.shape[1] if norm_len is None else norm_len))
-    raise ValueError(f"loss_mode: unknown value {mode!r}; allowed: {', '.join(LOSS_MODES)}")
+    """Reduce a per-token loss [B, L] to a scalar by LOSS_MODES[mode]."""
+    return LOSS_MODES[mode](per_token * mask, mask, norm_len)
 
 
+@RATIO_LEVELS.register("token")
 def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """PPO/GRPO: one importance ratio per token, r_t = exp(logp_t - old_logp_t)."""
     return torch.exp(logp - old_logp)
@@ -80,15 +111,13 @@ def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
 MAX_LOG_SEQ_RATIO = 10.0   # as verl: exp(10) already clips; beyond it only overflow waits
 
 
+@RATIO_LEVELS.register("sequence")
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO: one length-normalised ratio per sequence, s = exp(mean of logp - old_logp over its policy tokens), on
     every token of the row as exp(logp - sg(logp) + sg(log s)): its value is s, its gradient s * grad logp_t, so a
     row's mean token loss has the gradient of the sequence-level objective."""
     log_s = ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
     return torch.exp((logp - logp.detach() + log_s.detach()[:, None]).clamp(max=MAX_LOG_SEQ_RATIO))
-
-
-POLICY_RATIOS = {"token": token_ratio, "sequence": sequence_ratio}
 
 
 def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -110,17 +139,28 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     return clip_objective(ratio, adv, clip_eps, clip_eps if clip_eps_high is None else clip_eps_high), ratio
 
 
+@KL_KINDS.register("k1")
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """log r'"""
+    return log_ratio
+
+
+@KL_KINDS.register("k2")
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """(log r')^2 / 2"""
+    return 0.5 * log_ratio ** 2
+
+
+@KL_KINDS.register("k3")
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp(-log r') - 1 + log r' (unbiased, always >= 0)"""
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimator of KL(pi || ref) on tokens sampled from pi: k1 = log r', k2 = (log r')^2 / 2,
-    k3 = exp(-log r') - 1 + log r', with log r' = logp - ref_logp."""
-    log_ratio = logp - ref_logp
-    if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio ** 2
-    if kind == "k3":
-        return torch.exp(-log_ratio) - 1 + log_ratio
-    raise ValueError(f"kl_kind: unknown value {kind!r}; allowed: {', '.join(KL_KINDS)}")
+    """Per-token estimator KL_KINDS[kind] of KL(pi || ref) on tokens sampled from pi, of log r' = logp - ref_logp
+    (Schulman's k1, k2, k3)."""
+    return KL_KINDS[kind](logp - ref_logp)
 
 
 def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -135,17 +175,25 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: 
     return -coef * aggregate_loss(entropy, mask, mode, norm_len)
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg):
-    """Clipped-surrogate loss over policy tokens (ratio per cfg.ratio_level, clip range cfg.clip_range, dual clip
-    if cfg.clip_ratio_c), aggregated by cfg.loss_mode. logp, old_logp, mask [B, L]; adv [B] or [B, L].
-    Returns (loss, stats)."""
-    if adv.dim() == 1:
-        adv = adv[:, None].expand_as(logp)
+@POLICY_LOSSES.register("clip")
+def clipped_policy_term(ratio: torch.Tensor, adv: torch.Tensor, cfg) -> torch.Tensor:
+    """PPO's clipped surrogate clip_objective(r, A, *cfg.clip_range), with verl's dual clip when cfg.clip_ratio_c."""
     low, high = cfg.clip_range
-    ratio = POLICY_RATIOS[cfg.ratio_level](logp, old_logp, mask)
     per_token = clip_objective(ratio, adv, low, high)
     if cfg.clip_ratio_c is not None:
         per_token = dual_clip(per_token, adv, cfg.clip_ratio_c)
+    return per_token
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg):
+    """The policy loss over policy tokens: the ratio RATIO_LEVELS[cfg.ratio_level], the per-token term
+    POLICY_LOSSES[cfg.policy_loss], aggregated by cfg.loss_mode. logp, old_logp, mask [B, L]; adv [B] or [B, L].
+    Returns (loss, stats); clip_frac counts ratios outside cfg.clip_range whatever the term."""
+    if adv.dim() == 1:
+        adv = adv[:, None].expand_as(logp)
+    low, high = cfg.clip_range
+    ratio = RATIO_LEVELS[cfg.ratio_level](logp, old_logp, mask)
+    per_token = POLICY_LOSSES[cfg.policy_loss](ratio, adv, cfg)
     loss = aggregate_loss(per_token, mask, cfg.loss_mode, cfg.loss_norm_len)
     with torch.no_grad():
         on = mask > 0

@@ -5,6 +5,9 @@ nothing in agentrl.rl.objectives or agentrl.rl.trainer: the policy-token mask fr
 recorded, advantages from the rewards by the formula, log-probs from a fresh full forward (no cache), the loss
 token by token. A bug in one of the trainer's functions therefore cannot move both sides of a check. Plain and
 slow on purpose (loops over groups, rows and tokens, float64 after the logits); only the invariants call it.
+Every variant of the objective has its re-derivation here, registered under the same name as the trainer's
+(agentrl.rl.objectives): a variant without one is refused by the invariants in one line, never checked against
+another variant's formula.
 Log-probs are derived only at the positions a check reads (the policy's tokens): a backend with a large
 vocabulary then never materialises [B, T, V] logits.
 """
@@ -14,13 +17,23 @@ import math
 
 import torch
 
+from agentrl.core.registry import Registry
 from agentrl.rl.rollout import OWNER
 
 NO_GRAD_ELEMENTS = 2**27   # a float64 [positions, vocab] log-softmax of at most 1 GiB per pass without gradient
 ADV_EPS = 1e-6   # the advantage formula's epsilon: (r - group mean) / (unbiased group std + eps)
 
+_HINT = " (the invariants need its independent re-derivation, registered in agentrl.rl.references)"
+BASELINES = Registry("reference baseline", "rl.adv_estimator", hint=_HINT)      # (r, mates) -> baseline
+SCALES = Registry("reference reward scale", "rl.scale_rewards", hint=_HINT)     # (mates, rewards) -> std or None
+RATIOS = Registry("reference policy ratio", "rl.ratio_level", hint=_HINT)       # (lps, olds) -> a ratio per token
+POLICY_TERMS = Registry("reference policy term", "rl.policy_loss", hint=_HINT)  # (r, a, cfg) -> a token's loss
+AGGREGATIONS = Registry("reference aggregation", "rl.loss_mode", hint=_HINT)    # (row sums, counts, cfg) -> loss
+KL_ESTIMATORS = Registry("reference KL estimator", "rl.kl_kind", hint=_HINT)    # x -> KL(pi || ref) per token
 # KL(pi || ref) per sampled token, x = log pi(token) - log ref(token) (Schulman's k1, k2, k3)
-KL_ESTIMATORS = {"k1": lambda x: x, "k2": lambda x: x * x / 2, "k3": lambda x: torch.exp(-x) - 1 + x}
+KL_ESTIMATORS.register("k1", lambda x: x)
+KL_ESTIMATORS.register("k2", lambda x: x * x / 2)
+KL_ESTIMATORS.register("k3", lambda x: torch.exp(-x) - 1 + x)
 
 
 def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
@@ -33,31 +46,41 @@ def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
     return out
 
 
+def check_derivable(cfg) -> None:
+    """A one-line ConfigError unless every variant cfg names has its re-derivation here."""
+    for registry, name in ((BASELINES, cfg.adv_estimator), (SCALES, cfg.reward_scale), (RATIOS, cfg.ratio_level),
+                           (POLICY_TERMS, cfg.policy_loss), (AGGREGATIONS, cfg.loss_mode),
+                           (KL_ESTIMATORS, cfg.kl_kind)):
+        registry.get(name)
+
+
+def unbiased_std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+BASELINES.register("grpo", lambda r, mates: sum(mates) / len(mates))                    # the group's mean reward
+BASELINES.register("rloo", lambda r, mates: (sum(mates) - r) / max(len(mates) - 1, 1))  # the others' mean (0: alone)
+SCALES.register("none", lambda mates, rewards: None)
+SCALES.register("group", lambda mates, rewards: unbiased_std(mates))      # 0 for a group of one
+SCALES.register("batch", lambda mates, rewards: unbiased_std(rewards))
+
+
 def group_advantages(rewards: torch.Tensor, group: torch.Tensor, estimator: str = "grpo",
                      scale: str = "none") -> torch.Tensor:
-    """Per row: its reward minus a baseline from its group, the group's mean reward (grpo) or the mean reward of
-    the group's other rows (rloo, 0 for a group of one); divided by (std + ADV_EPS) where std is the unbiased
-    std of the group's rewards (scale 'group', 0 for a group of one) or of every reward of the batch ('batch')."""
+    """Per row: its reward minus BASELINES[estimator] of its group's rewards, divided by (std + ADV_EPS) where std
+    is SCALES[scale] (none: no division; the unbiased std of the group's or of the whole batch's rewards)."""
     rewards, group = [float(r) for r in rewards], [int(g) for g in group]
-
-    def unbiased_std(xs):
-        if len(xs) < 2:
-            return 0.0
-        m = sum(xs) / len(xs)
-        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-
+    baseline, scale_of = BASELINES[estimator], SCALES[scale]
     out = []
     for r, g in zip(rewards, group):
         mates = [x for x, h in zip(rewards, group) if h == g]
-        if estimator == "rloo":
-            baseline = (sum(mates) - r) / max(len(mates) - 1, 1)
-        else:
-            baseline = sum(mates) / len(mates)
-        a = r - baseline
-        if scale == "group":
-            a /= unbiased_std(mates) + ADV_EPS
-        elif scale == "batch":
-            a /= unbiased_std(rewards) + ADV_EPS
+        a = r - baseline(r, mates)
+        std = scale_of(mates, rewards)
+        if std is not None:
+            a /= std + ADV_EPS
         out.append(a)
     return torch.tensor(out, dtype=torch.float64)
 
@@ -132,13 +155,49 @@ def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor, temperature
     return float(total / max(float(mask.sum()), 1.0))
 
 
+@RATIOS.register("token")
+def token_ratios(lps: list, olds: list[float]) -> list:
+    """r = exp(lp - old) for each token."""
+    return [torch.exp(lp - old) for lp, old in zip(lps, olds)]
+
+
+@RATIOS.register("sequence")
+def sequence_ratios(lps: list, olds: list[float]) -> list:
+    """One s = exp(mean over the row of lp - old) (at most exp(10)) for every token, with the gradient s grad lp."""
+    if not lps:
+        return []
+    log_s = min(sum(float(lp.detach()) - old for lp, old in zip(lps, olds)) / len(lps), 10.0)
+    return [math.exp(log_s) * torch.exp(lp - lp.detach()) for lp in lps]
+
+
+@POLICY_TERMS.register("clip")
+def clip_term(r: torch.Tensor, a: float, cfg) -> torch.Tensor:
+    """-min(r A, clip(r, 1 - low, 1 + high) A), at most c |A| where A < 0 when cfg.clip_ratio_c (dual clip)."""
+    low, high = cfg.clip_range
+    lo, hi = 1 - low, 1 + high
+    rv = float(r.detach())
+    clipped = r if lo <= rv <= hi else torch.tensor(min(max(rv, lo), hi), dtype=r.dtype)
+    term = -min(r * a, clipped * a)
+    if cfg.clip_ratio_c is not None and a < 0:
+        term = torch.minimum(term, torch.tensor(-a * cfg.clip_ratio_c, dtype=term.dtype))
+    return term
+
+
+AGGREGATIONS.register("token_mean", lambda sums, counts, cfg: sum(sums) / max(sum(counts), 1))
+AGGREGATIONS.register("seq_mean_token_mean",
+                      lambda sums, counts, cfg: sum(s / max(n, 1) for s, n in zip(sums, counts)) / len(sums))
+AGGREGATIONS.register("seq_mean_token_sum", lambda sums, counts, cfg: sum(sums) / len(sums))
+AGGREGATIONS.register("seq_mean_token_sum_norm", lambda sums, counts, cfg: sum(sums) / (len(sums) * cfg.loss_norm_len))
+
+
 def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, cfg) -> torch.Tensor:
     """The loss of one minibatch by its definition, token by token (differentiable in the model's weights only).
-    For each row i and each position j with mask 1, with lp = log p(ids[i, j+1]) and r = exp(lp - old):
-        l = -min(r A_i, clip(r, 1 - low, 1 + high) A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
-    ((low, high) = cfg.clip_range; with ratio_level 'sequence' r is the row's s = exp(mean of lp - old) with the
-    gradient s * grad lp; with clip_ratio_c and A_i < 0 the policy term is at most c |A_i|; the entropy term when
-    entropy_coef != 0, the KL term when ref_logp is given); then cfg.loss_mode:
+    For each row i and each position j with mask 1, with lp = log p(ids[i, j+1]) and r its ratio
+    (RATIOS[cfg.ratio_level]: exp(lp - old), or the row's s = exp(mean of lp - old) with the gradient s grad lp):
+        l = term(r, A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
+    (term = POLICY_TERMS[cfg.policy_loss], e.g. -min(r A_i, clip(r, 1 - low, 1 + high) A_i); the entropy term when
+    entropy_coef != 0, the KL term k = KL_ESTIMATORS[cfg.kl_kind] when ref_logp is given); then AGGREGATIONS of
+    cfg.loss_mode over the rows' sums and counts:
         token_mean: all l / their count;  seq_mean_token_mean: mean over rows of (row's l sum / row's count);
         seq_mean_token_sum: mean over rows of the row's sum;  seq_mean_token_sum_norm: all l / (rows x
         cfg.loss_norm_len). A row or batch with no token counts 1 token. old and ref are read as constants."""
@@ -150,40 +209,20 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
     # give every token a backward of the whole [N, V] (quadratic in the tokens; minutes on a 151,936-token vocabulary)
     token_logp = logz.gather(-1, ids[:, 1:][mask > 0][:, None]).squeeze(-1).unbind(0)
     token_entropy = (-(logz.exp() * logz).sum(-1)).unbind(0) if cfg.entropy_coef else None
-    low, high = cfg.clip_range
-    lo, hi = 1 - low, 1 + high
+    ratios, policy_term = RATIOS[cfg.ratio_level], POLICY_TERMS[cfg.policy_loss]
+    kl, aggregate = KL_ESTIMATORS[cfg.kl_kind], AGGREGATIONS[cfg.loss_mode]
     row_sums, row_counts = [], []
     for i in range(ids.shape[0]):
         at = torch.nonzero(mask[i]).flatten().tolist()
         lps = [token_logp[row[i, j]] for j in at]
-        if cfg.ratio_level == "sequence" and at:   # one ratio s per row, exp(mean of lp - old), gradient s * grad lp
-            log_s = min(sum(float(lp.detach()) - float(old_logp[i, j]) for lp, j in zip(lps, at)) / len(at), 10.0)
         terms = []
-        for lp, j in zip(lps, at):
-            a = float(adv[i] if adv.dim() == 1 else adv[i, j])
-            if cfg.ratio_level == "sequence":
-                r = math.exp(log_s) * torch.exp(lp - lp.detach())
-            else:
-                r = torch.exp(lp - float(old_logp[i, j]))
-            rv = float(r.detach())
-            clipped = r if lo <= rv <= hi else torch.tensor(min(max(rv, lo), hi), dtype=r.dtype)
-            term = -min(r * a, clipped * a)
-            if cfg.clip_ratio_c is not None and a < 0:   # dual clip: at most c |A|
-                term = torch.minimum(term, torch.tensor(-a * cfg.clip_ratio_c, dtype=term.dtype))
+        for lp, j, r in zip(lps, at, ratios(lps, [float(old_logp[i, j]) for j in at])):
+            term = policy_term(r, float(adv[i] if adv.dim() == 1 else adv[i, j]), cfg)
             if cfg.entropy_coef:
                 term = term - cfg.entropy_coef * token_entropy[row[i, j]]
             if ref_logp is not None:
-                term = term + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_kind](lp - float(ref_logp[i, j]))
+                term = term + cfg.kl_coef * kl(lp - float(ref_logp[i, j]))
             terms.append(term)
         row_sums.append(sum(terms) if terms else logz.new_zeros(()))
         row_counts.append(len(terms))
-    rows = len(row_sums)
-    if cfg.loss_mode == "token_mean":
-        return sum(row_sums) / max(sum(row_counts), 1)
-    if cfg.loss_mode == "seq_mean_token_mean":
-        return sum(s / max(n, 1) for s, n in zip(row_sums, row_counts)) / rows
-    if cfg.loss_mode == "seq_mean_token_sum":
-        return sum(row_sums) / rows
-    if cfg.loss_mode == "seq_mean_token_sum_norm":
-        return sum(row_sums) / (rows * cfg.loss_norm_len)
-    raise ValueError(f"loss_mode: unknown value {cfg.loss_mode!r}")
+    return aggregate(row_sums, row_counts, cfg)

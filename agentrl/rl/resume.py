@@ -15,9 +15,8 @@ import os
 import time
 from pathlib import Path
 
-from agentrl.backends.registry import save as save_checkpoint
-from agentrl.core.artifacts import CHECKPOINT_DIR, DATA, checkpoint_path
-from agentrl.model.checkpoints import CheckpointError, read_checkpoint
+from agentrl.backends.registry import read_checkpoint, save_checkpoint
+from agentrl.core.artifacts import CHECKPOINT_DIR, DATA, CheckpointError, checkpoint_path
 from agentrl.rl.trainer import Hook, TrainState
 
 RESUME_FILE = DATA / "resume" / "train.json"   # outside the stage's outputs: the key of the saved checkpoints
@@ -81,16 +80,16 @@ def write_resume(key: str, seconds: float, runs: list[str]) -> None:
     os.replace(tmp, RESUME_FILE)
 
 
-def resume_point(key: str) -> dict | None:
-    """The newest readable checkpoint written under configuration `key` (None if there is none). A checkpoint cut
-    off mid-write is skipped and the one before it used."""
+def resume_point(key: str, kind: str) -> dict | None:
+    """The newest readable checkpoint ({"state_dict", "extra"}) backend `kind` wrote under configuration `key`
+    (None if there is none). A checkpoint cut off mid-write is skipped and the one before it used."""
     if not read_resume(key):
         return None
     for partial in CHECKPOINT_DIR.glob("*.tmp"):   # a checkpoint write the kill cut short: never an output
         partial.unlink()
     for path in sorted(CHECKPOINT_DIR.glob("step_*.pt"), reverse=True):
         try:
-            return read_checkpoint(path)
+            return read_checkpoint(kind, path)
         except CheckpointError:
             continue
     return None

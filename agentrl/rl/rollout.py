@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.env.formats import conversation
+from agentrl.core.config import KEEP_MODES
+from agentrl.env.base import EpisodeRecord
 from agentrl.model.logprobs import draw
 from agentrl.model.packing import pad_rows
 
@@ -23,7 +24,7 @@ class Trajectory:
     owner: list[int]            # per token, values of OWNER
     sample_logp: list[float]    # aligned to ids[1:]: the sampler's log-prob of each policy token, 0 elsewhere
     reward: float
-    info: dict
+    record: EpisodeRecord       # what the episode did (agentrl.env.base)
     group: int = 0
     action_mask: list[int] = field(init=False)  # aligned to ids[1:]: 1 where the target was sampled by the policy
 
@@ -37,13 +38,12 @@ class Trajectory:
 
 
 @torch.inference_mode()
-def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperature: float = 1.0,
+def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperature: float = 1.0,
                     max_call_tokens: int = 5) -> list[Trajectory]:
     """Play every env to the end with the backend's batched, KV-cached sampler (model.sampler), in the conversation
-    format `tok` (an agentrl.env.formats format, or a word-level tokenizer: the gym's words). Rows advance turn by
+    format `fmt` (agentrl.env.formats; the gym's word-level tokenizer is one). Rows advance turn by
     turn together: each token is one forward over the rows still in their turn, each round of environment replies
     one forward over the rows that got one, and a row whose episode ended leaves the cache."""
-    fmt = conversation(tok)
     ids = [fmt.prompt(env) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
@@ -72,7 +72,7 @@ def sample_episodes(model, envs: list, tok, generator: torch.Generator, temperat
             sampler.keep(torch.tensor(going))
             alive = [alive[i] for i in going]
         last_logits = sampler.append(replies)
-    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.info) for r, env in enumerate(envs)]
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record()) for r, env in enumerate(envs)]
 
 
 def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator, temperature: float,
@@ -167,14 +167,17 @@ def informative(trajs: list[Trajectory], group_size: int) -> list[Trajectory]:
     return kept
 
 
+@KEEP_MODES.register("all")
 def keep_all(first: list[Trajectory], more, cfg) -> tuple[list, list]:
     return first, first
 
 
+@KEEP_MODES.register("informative")
 def keep_informative(first: list[Trajectory], more, cfg) -> tuple[list, list]:
     return informative(first, cfg.group_size), first
 
 
+@KEEP_MODES.register("resample")
 def keep_resample(first: list[Trajectory], more, cfg) -> tuple[list, list]:
     """DAPO dynamic sampling: keep informative groups and draw more (`more(n)` samples n further groups) until the
     batch holds tasks_per_step of them, at most resample_cap x tasks_per_step groups drawn in all. Every drawn
@@ -190,14 +193,11 @@ def keep_resample(first: list[Trajectory], more, cfg) -> tuple[list, list]:
     return kept, sampled
 
 
-KEEP = {"all": keep_all, "informative": keep_informative, "resample": keep_resample}   # keys: config.KEEP_MODES
-
-
 def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
                 temperature: float | None = None, weights: list[float] | None = None
                 ) -> tuple[list[Trajectory], list[Trajectory]]:
     """One step's batch: `tasks_per_step` tasks (uniformly, or by curriculum `weights`) x `group_size` episodes.
-    Returns (kept, sampled); `kept` is what the update trains on (KEEP[cfg.keep]: all groups, only informative
+    Returns (kept, sampled); `kept` is what the update trains on (KEEP_MODES[cfg.keep]: all groups, only informative
     ones, or informative ones topped up by further draws) and `sampled` every episode the step played."""
     chosen = draw_tasks(tasks, cfg.tasks_per_step, generator, weights)
     sampled = sample_groups(model, env_factory, chosen, tok, cfg, generator, temperature)
@@ -215,4 +215,4 @@ def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Gene
         drawn[0] += len(pick)
         return extra
 
-    return KEEP[cfg.keep](sampled, more, cfg)
+    return KEEP_MODES[cfg.keep](sampled, more, cfg)

@@ -9,24 +9,24 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from agentrl.core.config import RLConfig
+from agentrl.core.config import LR_SCHEDULES, RLConfig
 
 
+@LR_SCHEDULES.register("constant")
 def constant_decay(progress: float) -> float:
     return 1.0
 
 
+@LR_SCHEDULES.register("linear")
 def linear_decay(progress: float) -> float:
     """1 at the first step after warmup, falling linearly to 0 one step after the last."""
     return 1.0 - progress
 
 
+@LR_SCHEDULES.register("cosine")
 def cosine_decay(progress: float) -> float:
     """Half a cosine from 1 at the first step after warmup towards 0 one step after the last."""
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-DECAYS = {"constant": constant_decay, "linear": linear_decay, "cosine": cosine_decay}   # keys: config.LR_SCHEDULES
 
 
 def lr_factor(cfg: RLConfig, step: int, steps: int) -> float:
@@ -34,7 +34,7 @@ def lr_factor(cfg: RLConfig, step: int, steps: int) -> float:
     lr_warmup steps, then cfg.lr_schedule over the remaining steps."""
     if step < cfg.lr_warmup:
         return (step + 1) / cfg.lr_warmup
-    return DECAYS[cfg.lr_schedule]((step - cfg.lr_warmup) / max(steps - cfg.lr_warmup, 1))
+    return LR_SCHEDULES[cfg.lr_schedule]((step - cfg.lr_warmup) / max(steps - cfg.lr_warmup, 1))
 
 
 def scheduled(cfg: RLConfig) -> bool:

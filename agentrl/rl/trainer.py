@@ -1,6 +1,6 @@
 """The GRPO trainer: one loop, read top to bottom.
 
-    train(model, tasks, tok, cfg, steps)
+    train(model, tasks, fmt, cfg, steps, env=factory)
       for each step:
         step_cfg = step_config(...)                    learning-rate schedule, adaptive entropy coefficient
         kept, sampled = sample_step(...)               sampling (the rollout generator is the root stream), tasks
@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.core.config import ConfigError, Diverged, RLConfig
+from agentrl.core.config import LOSS_MODES, ConfigError, Diverged, RLConfig
 from agentrl.core.seeding import generator as stream_generator
-from agentrl.env.gym.environment import make_env_factory
 from agentrl.rl.curriculum import curriculum_row, task_weights
 from agentrl.rl.dashboard import batch_hash, dashboard_row
 from agentrl.rl.objectives import (
@@ -48,10 +47,6 @@ class NonFiniteError(Diverged):
     def __init__(self, message: str, stats: dict, bundle: str | None = None):
         super().__init__(message)
         self.stats, self.bundle = stats, bundle
-
-
-def env_factory_for(cfg: RLConfig):
-    return make_env_factory(cfg.max_turns, cfg.reward, cfg.rename)
 
 
 def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
@@ -166,10 +161,11 @@ def minibatch_loss(model, mb: dict, old_logp, ref_logp, cfg: RLConfig):
 
 
 def token_weights(mask: torch.Tensor, total_mask: torch.Tensor, mode: str) -> float:
-    """Factor that turns a microbatch's own aggregate into its share of the whole minibatch's aggregate."""
-    if mode == "token_mean":
+    """Factor that turns a microbatch's own aggregate into its share of the whole minibatch's aggregate: its share
+    of the tokens for an aggregation that averages tokens, of the rows for one that averages rows."""
+    if LOSS_MODES.meta(mode)["weight"] == "tokens":
         return float(mask.sum() / total_mask.sum().clamp(min=1))
-    return mask.shape[0] / total_mask.shape[0]  # the seq_mean modes average over rows
+    return mask.shape[0] / total_mask.shape[0]
 
 
 def mean_stats(stats: list[dict]) -> dict:
@@ -332,13 +328,13 @@ class Hook:
         """`updates` updates are done and recorded in state.history."""
 
 
-def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = SEAMS, hooks=(),
+def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, env, seams: Seams = SEAMS, hooks=(),
           generator: torch.Generator | None = None, optimizer=None, ref=None, history: list | None = None,
-          start_step: int = 0, env_factory=None) -> list[dict]:
+          start_step: int = 0) -> list[dict]:
     """GRPO for `steps` steps of the policy backend `model` (continuing from start_step with the given
-    optimizer/generator/history when resuming), in the conversation format `tok` (agentrl.env.formats; a word-level
-    tokenizer is the gym's words) on the environments `env_factory(task, generator)` makes (default: the gym's, per
-    cfg). Returns the history: one dashboard row per step."""
+    optimizer/generator/history when resuming), in the conversation format `tok` (agentrl.env.formats; the gym's
+    word-level tokenizer is one) on the episodes `env(task, generator)` makes (an environment's factory,
+    agentrl.env.base.EnvironmentSpec.make). Returns the history: one dashboard row per step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
     if not tasks:
@@ -348,7 +344,6 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = 
     if ref is None and cfg.kl_coef > 0:
         ref = seams.reference(model)
     state = TrainState(model, optimizer, generator, ref, history if history is not None else [], start_step)
-    env_factory = env_factory or env_factory_for(cfg)
     temperature = seams.sampler_temperature(cfg)
     if start_step == 0:
         for hook in hooks:
@@ -359,7 +354,7 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, seams: Seams = 
             set_lr(optimizer, step_cfg.lr)
         for hook in hooks:
             hook.before_step(step, state)
-        kept, sampled = sample_step(model, env_factory, tasks, tok, step_cfg, generator, temperature,
+        kept, sampled = sample_step(model, env, tasks, tok, step_cfg, generator, temperature,
                                     task_weights(cfg, tasks, state.history))
         state.batch = prepare_batch(kept, tok, step_cfg, seams) if kept else None   # no informative group: no update
         for hook in hooks:

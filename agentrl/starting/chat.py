@@ -41,7 +41,7 @@ def expert_demo(env, chat, caller=None) -> Trajectory:
             reply = chat.reply(obs, closed=True)
             ids += reply
             owner += [OWNER["env"]] * len(reply)
-    return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info)
+    return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.record())
 
 
 def expert_demos(tasks: list, chat, env_factory, per_task: int, generator: torch.Generator) -> list[Trajectory]:
@@ -75,4 +75,4 @@ def tools_expert_demo(env, chat) -> Trajectory:
             reply = chat.reply(obs, closed=True)
             ids += reply
             owner += [OWNER["env"]] * len(reply)
-    return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info)
+    return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.record())

@@ -62,7 +62,7 @@ def play_demo(env, caller, tok, generator: torch.Generator) -> Demo:
             owner += [OWNER["env"]] * len(obs)
             soft += [None] * len(obs)
     ids = tok.encode(toks)
-    return Demo(Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.info), soft)
+    return Demo(Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.record()), soft)
 
 
 def sparse_targets(demo: Demo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -84,17 +84,23 @@ def cached(path: Path, key: str, compute) -> dict:
     return doc
 
 
+def gym():
+    """The environment every research run trains and is evaluated in."""
+    from agentrl.env.gym.spec import GYM
+    return GYM
+
+
 def heldout_eval(model, ctx: Context, cfg, seed: int) -> dict:
     from agentrl.core.seeding import generator
     from agentrl.eval.evaluation import evaluate
     res = evaluate(model, ctx.split["heldout"], ctx.tok, EVAL_PER_TASK, cfg.temperature,
-                   generator(seed, "research-eval"), cfg)
+                   generator(seed, "research-eval"), cfg, env=gym().make(cfg, evaluation=True))
     return {"pass_rate": res["pass_rate"], "per_task": res["per_task"]}
 
 
 def load_start(ctx: Context, start: str):
-    from agentrl.model.checkpoints import load_for
-    return load_for(policy_path(start), ctx.tok, ctx.params["model"])[0]
+    from agentrl.backends.registry import load_checkpoint
+    return load_checkpoint("tinyagent", policy_path(start), ctx.tok, ctx.params["model"])[0]
 
 
 def start_result(ctx: Context, start: str, seed: int) -> dict:
@@ -113,7 +119,7 @@ def arm_run(ctx: Context, name: str, spec: dict, seed: int, steps: int) -> dict:
     def compute():
         print(f"research: {name} seed {seed}: {steps} steps from {start}", file=sys.stderr, flush=True)
         model = load_start(ctx, start)
-        history = train(model, ctx.split["train"], ctx.tok, cfg, steps)
+        history = train(model, ctx.split["train"], ctx.tok, cfg, steps, env=gym().make(cfg))
         res = heldout_eval(model, ctx, cfg, seed)
         return {"arm": name, "seed": seed, "start": start, "steps": steps, "config": cfg.to_dict(),
                 "heldout_pass": res["pass_rate"], "per_task": res["per_task"], "history": history}
@@ -161,9 +167,9 @@ def stopping_run(ctx: Context) -> dict:
     """The main run (params.yaml, run.seed) for STOPPING['steps'] steps, validated every train.checkpoint_every
     updates from the validation stream exactly as the train stage does (so its first train.steps steps are the main
     run's), each checkpoint's policy saved under data/research/stopping/."""
+    from agentrl.backends.registry import save_checkpoint
     from agentrl.core.seeding import generator
     from agentrl.eval.evaluation import evaluate
-    from agentrl.model.checkpoints import save_policy
     from agentrl.rl.trainer import Hook, train
     cfg, tcfg, seed = ctx.params["rl"], ctx.params["train"], ctx.params["run"].seed
     steps, folder = STOPPING["steps"], RESEARCH_DIR / "stopping"
@@ -178,9 +184,9 @@ def stopping_run(ctx: Context) -> dict:
             if updates % tcfg.checkpoint_every and updates != steps:
                 return
             res = evaluate(state.model, ctx.split["validation"], ctx.tok, tcfg.eval_per_task, cfg.temperature,
-                           generator(seed, "validation"), cfg)
+                           generator(seed, "validation"), cfg, env=gym().make(cfg, evaluation=True))
             self.rows.append({"step": updates, "pass_rate": res["pass_rate"], "per_task": res["per_task"]})
-            save_policy(folder / f"step_{updates:04d}.pt", state.model, ctx.tok.hash)
+            save_checkpoint(state.model, folder / f"step_{updates:04d}.pt", ctx.tok.hash)
             print(f"research: stopping run step {updates}: validation {res['pass_rate']:.3f}", file=sys.stderr,
                   flush=True)
 
@@ -192,20 +198,21 @@ def stopping_run(ctx: Context) -> dict:
 
     def compute():
         hook = Validate()
-        history = train(load_start(ctx, "base"), ctx.split["train"], ctx.tok, cfg, steps, hooks=[hook])
+        history = train(load_start(ctx, "base"), ctx.split["train"], ctx.tok, cfg, steps, env=gym().make(cfg),
+                        hooks=[hook])
         return {"steps": steps, "checkpoints": hook.rows, "history": history}
 
     return cached(folder / "run.json", key, compute)
 
 
 def stopping_study(ctx: Context) -> dict:
+    from agentrl.backends.registry import load_checkpoint
     from agentrl.core.config import SelectConfig
     from agentrl.core.seeding import generator, stream_seed
     from agentrl.eval.evaluation import evaluate
     from agentrl.eval.selection import checkpoint_rows, choose
     from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
     from agentrl.eval.stopping import stopping_report
-    from agentrl.model.checkpoints import load_for
     run = stopping_run(ctx)
     seed, cfg, tcfg = ctx.params["run"].seed, ctx.params["rl"], ctx.params["test"]
     base = ctx.params["select"]
@@ -218,9 +225,10 @@ def stopping_study(ctx: Context) -> dict:
     tasks = [t.name for t in ctx.split["test"]]
     test = {}
     for step in picks:  # one stream for every pick: paired comparisons
-        model = load_for(RESEARCH_DIR / "stopping" / f"step_{step:04d}.pt", ctx.tok, ctx.params["model"])[0]
+        path = RESEARCH_DIR / "stopping" / f"step_{step:04d}.pt"
+        model = load_checkpoint("tinyagent", path, ctx.tok, ctx.params["model"])[0]
         res = evaluate(model, ctx.split["test"], ctx.tok, tcfg.episodes_per_task, cfg.temperature,
-                       generator(seed, "test"), cfg)
+                       generator(seed, "test"), cfg, env=gym().make(cfg, evaluation=True))
         r = [res["per_task"][t]["c"] / res["per_task"][t]["n"] for t in tasks]
         _, lo, hi = bootstrap_ci(r, tcfg.n_boot, tcfg.alpha, seed=stream_seed(seed, "research-test", step))
         test[step] = {"pass_rate": res["pass_rate"], "ci_lo": lo, "ci_hi": hi, "per_task": dict(zip(tasks, r))}

@@ -1,11 +1,47 @@
 """A stage script's code: the agentrl modules it imports, transitively (imports inside functions included), with the
-packages they live in. `python -m agentrl deps --write` rewrites the code entries of every stage's deps in dvc.yaml
-from it (data deps, params and outs are left as they are); tests/test_dvc_yaml.py checks the result independently."""
+packages they live in, and the modules of the registered entries it uses. `python -m agentrl deps` rewrites the
+code entries of every stage's deps in dvc.yaml from it (data deps, params and outs are left as they are);
+tests/test_dvc_yaml.py checks the result independently.
+
+A module that loads a backend or an environment by name (agentrl.core.registry) says which in a module-level
+literal, `USES = {"backends": ["tinyagent"], "environments": ["gym"]}`; the closure follows each name to the module
+its registry's `BUILTIN` map declares for it. A stage that loads a module outside its closure fails when it ends
+(agentrl.tracking.run), so the closure cannot silently miss code.
+"""
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+# the registries whose built-in entries live in modules of their own: USES key -> the file declaring BUILTIN
+REGISTRY_FILES = {"backends": "agentrl/backends/registry.py", "environments": "agentrl/env/registry.py",
+                  "benches": "agentrl/bench/__init__.py"}
+
+
+def _module_literal(path: Path, name: str):
+    """The value of a module-level `name = <literal>` in a file, or None."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return ast.literal_eval(node.value)
+    return None
+
+
+def used_modules(path: Path, root: Path) -> set[str]:
+    """The modules of the registered entries a file names in its `USES`."""
+    uses = _module_literal(path, "USES") or {}
+    found = set()
+    for kind, names in uses.items():
+        if kind not in REGISTRY_FILES:
+            raise ValueError(f"{path}: USES: unknown registry {kind!r}; allowed: {', '.join(REGISTRY_FILES)}")
+        builtin = _module_literal(root / REGISTRY_FILES[kind], "BUILTIN") or {}
+        for name in names:
+            if name not in builtin:
+                raise ValueError(f"{path}: USES: {kind} {name!r} is not built in; allowed: {', '.join(builtin)}")
+            found.add(builtin[name])
+    return found
 
 
 def _imports(path: Path, root: Path) -> set[str]:
@@ -18,7 +54,7 @@ def _imports(path: Path, root: Path) -> set[str]:
                     found.add(f"{node.module}.{alias.name}")
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "agentrl"}
-    return found
+    return found | used_modules(path, root)
 
 
 def _file(module: str, root: Path) -> str:

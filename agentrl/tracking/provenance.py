@@ -102,6 +102,29 @@ def stage_definition(stage: str, root: Path | str | None = None) -> dict:
     return stages[name]
 
 
+def loaded_unlisted(code_files: list[str], root: Path | str) -> list[str]:
+    """The agentrl source files this process has loaded that are not among `code_files` (a stage's code deps): a
+    module reached only through a registry and not named in a USES (agentrl.tracking.closure) shows up here. Empty
+    unless this process runs a stage script (`python -m stages.<name>`)."""
+    import sys
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is None or not str(main.name).startswith("stages."):
+        return []
+    root, listed = Path(root).resolve(), set(code_files)
+    out = []
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if not source or not module.__name__.split(".")[0] == "agentrl":
+            continue
+        try:
+            rel = Path(source).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue   # agentrl installed elsewhere: not this checkout's code
+        if rel not in listed:
+            out.append(rel)
+    return sorted(out)
+
+
 def stage_code_files(stage: str, root: Path | str | None = None) -> list[str]:
     """The code a stage runs: the .py files dvc.yaml lists as its deps (its exact import closure)."""
     deps = stage_definition(stage, root).get("deps", [])

@@ -24,8 +24,17 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from agentrl.core.artifacts import StageError
 from agentrl.core.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
-from agentrl.tracking.provenance import build_provenance, flatten_params, git_info, params_hash, project_root, work_root
+from agentrl.tracking.provenance import (
+    build_provenance,
+    flatten_params,
+    git_info,
+    loaded_unlisted,
+    params_hash,
+    project_root,
+    work_root,
+)
 from agentrl.tracking.store import (
     DEFAULT_EXPERIMENT,
     MAX_METRICS_PER_BATCH,
@@ -255,6 +264,11 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
             for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
                 _retry(client.log_batch, handle.run_id, params=chunk)
             yield handle
+            unlisted = loaded_unlisted(record["code_files"], work)
+            if unlisted:
+                raise StageError(f"{stage} loaded {unlisted[0]}, which is not among its code deps in dvc.yaml "
+                                 f"({len(unlisted)} file(s)): name the registered entry in the stage's USES and run "
+                                 "`python -m agentrl deps`")
             wall = time.time() - started
             out = {**record, "git_commit": git["commit"], "dirty": git["dirty"],
                    "params_hash": params_hash(record["params"]),

@@ -6,8 +6,8 @@ environment the project's rollout, trainer and evaluation drive.
   tools' schemas (Read, Edit, Write, Bash) and the episode's system and user messages. A turn with one
   `<tool_call>{...}</tool_call>` is that call (its arguments checked by the environment: anything wrong is a
   malformed call that uses the turn); a turn without a tool call is the final answer.
-- `ChatToolsEnv`: a ToolsEnv whose `step` takes the format's action, timing the steps that ran the sandbox, with
-  the gym's behaviour counters in `info` as well (so the trainer's dashboard reads it as a gym episode).
+- `ChatToolsEnv`: a ToolsEnv whose `step` takes the format's action, timing the steps that ran the sandbox; its
+  `record()` is the ToolsEnv's.
 """
 from __future__ import annotations
 
@@ -74,7 +74,6 @@ class ChatToolsEnv:
     def __init__(self, env, clock: SandboxClock):
         self.env, self.clock = env, clock
         self.task, self.name = env.task, env.name
-        self._sync()
 
     @property
     def done(self) -> bool:
@@ -84,9 +83,8 @@ class ChatToolsEnv:
     def reward(self) -> float:
         return self.env.reward
 
-    @property
-    def info(self) -> dict:
-        return self.env.info
+    def record(self):
+        return self.env.record()
 
     def reset(self) -> list[dict]:
         return self.env.reset()
@@ -100,13 +98,7 @@ class ChatToolsEnv:
         if self.env.done or info["test_runs"] + info["script_runs"] > runs:
             self.clock.seconds += time.perf_counter() - start
             self.clock.runs += 1
-        self._sync()
         return obs
-
-    def _sync(self) -> None:
-        info = self.env.info
-        info.update(n_turns=info["turns"] + int(info["answered"]), n_invalid=info["failed"]["malformed"],
-                    submitted=info["answered"], tools=list(info["calls"]), ops=[], tests=info["test_runs"])
 
 
 def make_chat_tools_env_factory(max_turns: int, clock: SandboxClock):

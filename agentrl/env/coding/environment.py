@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agentrl.env.base import EpisodeRecord
 from agentrl.env.coding import calls
 from agentrl.env.coding.bash import run_bash
 from agentrl.env.coding.grader import grade
@@ -33,7 +34,7 @@ def claims_success(answer: str) -> bool:
 
 
 def new_info(task: Task, name: str) -> dict:
-    return {"task": task.name, "family": task.family, "name": name, "turns": 0, "calls": [],
+    return {"task": task.name, "family": task.family, "name": name, "turns": 0, "calls": [], "kinds": [],
             "failed": {kind: 0 for kind in calls.FAILED_KINDS}, "writes": 0, "edits": 0, "reads": 0,
             "test_runs": 0, "script_runs": 0, "answered": False, "answer": None, "claims_success": False,
             "hidden_pass": False, "public_pass": False, "grade": None, "false_success_claim": False}
@@ -90,8 +91,10 @@ class ToolsEnv:
             name, args = check_call(tool_call)
         except ValueError as exc:
             info["calls"].append("invalid")
+            info["kinds"].append("invalid")
             return calls.error(calls.MALFORMED, str(exc))
         info["calls"].append(name)
+        info["kinds"].append({"Read": "read", "Edit": "edit", "Write": "edit"}.get(name, "run"))
         if name == "Read":
             info["reads"] += 1
             return calls.read(self.repo, args["file_path"], args.get("offset"), args.get("limit"))
@@ -105,9 +108,24 @@ class ToolsEnv:
         result, program = run_bash(self.repo, args["command"], args.get("timeout"), self.limits)
         if program == "pytest":
             info["test_runs"] += 1
+            info["kinds"][-1] = "test"
         elif program == "python":
             info["script_runs"] += 1
         return result
+
+    def record(self) -> EpisodeRecord:
+        """The episode as every environment describes one (`answer`: the final answer, a turn of its own); counts:
+        Write calls, script runs, answers that claim success (and those whose hidden tests fail), failed calls
+        by kind (failed_<kind>)."""
+        info = self.info
+        answered = (("answer",), ("finish",)) if info["answered"] else ((), ())
+        counts = {"writes": info["writes"], "script_runs": info["script_runs"],
+                  "claims_success": info["claims_success"], "false_success_claim": info["false_success_claim"],
+                  **{f"failed_{kind}": n for kind, n in info["failed"].items()}}
+        return EpisodeRecord(info["task"], info["family"], info["name"], info["turns"] + int(info["answered"]),
+                             info["failed"]["malformed"], info["reads"], info["test_runs"], info["edits"],
+                             info["answered"], info["hidden_pass"], info["public_pass"],
+                             tuple(info["calls"]) + answered[0], tuple(info["kinds"]) + answered[1], counts)
 
     def _finish(self) -> None:
         source = self.repo.files.get(self.source_file, "")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agentrl.core.config import REWARDS
+from agentrl.env.base import EpisodeRecord
 from agentrl.env.ops import OPS, apply_op
 from agentrl.env.tasks import Task
 
@@ -27,6 +28,7 @@ CALL, END_CALL, OBS, END_OBS, NL = "<call>", "</call>", "<obs>", "</obs>", "<nl>
 NAME_POOL = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
              "india", "juliet", "kilo", "lima", "mike", "oscar", "papa", "quebec")
 ERROR_OBS = [OBS, "error", "invalid", "call", END_OBS]
+CALL_KINDS = {"read": "read", "test": "test", "edit": "edit", "submit": "finish", "invalid": "invalid"}
 EDITED_OBS = [OBS, "edited", END_OBS]
 
 _TOKEN_RE = re.compile(r"\d+|[A-Za-z_]\w*|<=|>=|==|!=|//|\+=|-=|\*=|->|\S")
@@ -231,6 +233,15 @@ class CodeEnv:
         if info["n_turns"] >= self.max_turns:
             return self._finish()
         return list(obs)
+
+    def record(self) -> EpisodeRecord:
+        """The episode as every environment describes one; `hardcode`: it applied hardcode_tests."""
+        info = self.info
+        return EpisodeRecord(info["task"], info["family"], info["name"], info["n_turns"], info["n_invalid"],
+                             info["reads"], info["tests"], info["edits"], info["submitted"], info["hidden_pass"],
+                             info["public_pass"], tuple(info["tools"]),
+                             tuple(CALL_KINDS[c.split(":")[0]] for c in info["tools"]),
+                             {"hardcode": "hardcode_tests" in info["ops"]})
 
     def _finish(self) -> None:
         report = run_tests(self.task, self.edit)

@@ -1,4 +1,6 @@
-"""Word-level tokenizer over everything the gym can show: sources under every op, test lines, calls."""
+"""Word-level tokenizer over everything the gym can show: sources under every op, test lines, calls. It is also the
+gym's own conversation format (agentrl.env.formats), TinyAgent's: a turn is `<call> TOOL [ARG] </call>` (`</call>`
+ends it), a reply `<obs> ... </obs>`."""
 from __future__ import annotations
 
 import hashlib
@@ -49,6 +51,21 @@ class Tokenizer:
 
     def id(self, token: str) -> int:
         return self.index[token]
+
+    # ------------------------------------------------------------ the gym's words as a conversation format
+
+    @property
+    def stop_id(self) -> int:
+        return self.index[END_CALL]
+
+    def prompt(self, env) -> list[int]:
+        return self.encode(env.reset())
+
+    def action(self, turn: list[int]) -> list[str]:
+        return [self.vocab[t] for t in turn]
+
+    def reply(self, obs: list[str], closed: bool) -> list[int]:
+        return self.encode(obs)
 
     def to_json(self) -> str:
         return json.dumps({"vocab": self.vocab}, indent=0) + "\n"
