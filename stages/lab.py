@@ -4,19 +4,22 @@ reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<n
 import argparse
 
 from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
-from agentrl.core.config import LABS, UserError, read_params_file
+from agentrl.core.config import LAB_CONFIGS, UserError, read_params_file
 from agentrl.pipeline.instances import matrix_instance
 from agentrl.pipeline.stage import entry, run_stage
 
 SECTIONS = ["rl", "lab"]
+READS = {"lab": ["device", "eval_batch", "configs"]}   # an instance reads its own entry of lab.configs
+USES = {"backends": ["hf"], "environments": ["gym", "coding"]}   # registered entries it loads
 
 
 def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:
-    runs = (read_params_file(params_path).get("lab") or {}).get("runs")
-    if not isinstance(runs, list):
-        raise UserError(f"{params_path}: lab.runs must be a list")
-    if name is not None and name not in LABS:
-        raise UserError(f"--lab: unknown value {name[:80]!r}; allowed: {', '.join(LABS)}")
+    lab = read_params_file(params_path).get("lab") or {}
+    runs, configs = lab.get("runs"), lab.get("configs", LAB_CONFIGS)
+    if not isinstance(runs, list) or not isinstance(configs, dict):
+        raise UserError(f"{params_path}: lab.runs must be a list and lab.configs a mapping")
+    if name is not None and name not in configs:
+        raise UserError(f"--lab: unknown value {name[:80]!r}; allowed: {', '.join(map(str, configs))}")
     return matrix_instance("lab", {"lab": runs}, {"lab": name}, params_path)["lab"]
 
 
@@ -25,18 +28,17 @@ def main(name: str | None = None):
 
     def body(ctx):
         from agentrl.labs.allocator import keep_freed_memory
-        from agentrl.labs.recipe import SPECS, run_lab
+        from agentrl.labs.recipe import run_lab
         keep_freed_memory()
-        from agentrl.labs.report import menu_report, tools_report
+        from agentrl.labs.report import lab_report
         from agentrl.labs.timing import SandboxShare
         out = DATA / "labs" / name
         share = SandboxShare()
-        record = run_lab(SPECS[name], ctx.params, out, DATA / "models" / f"lab-{name}-qwen3", hooks=[share],
-                         clock=share.clock)
+        record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock)
         record["threads"] = ctx.threads
-        if name == "tools":
+        if record["config"]["environment"] == "coding":
             record["sandbox"] = share.summary()
-        numbers, markdown = (tools_report if name == "tools" else menu_report)(record)
+        numbers, markdown = lab_report(record)
         write_json(REPORTS / "labs" / f"{name}.json", numbers)
         write_text(REPORTS / "labs" / f"{name}.md", markdown)
         for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
@@ -49,7 +51,7 @@ def main(name: str | None = None):
               f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
               f"in {record['wall_s']:.0f} s")
 
-    run_stage(f"lab@{name}", SECTIONS, [], body)
+    run_stage(f"lab@{name}", SECTIONS, [], body, only={"lab": ["device", "eval_batch", f"configs.{name}"]})
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ def test_tinyagent_is_a_policy_backend_and_rebuilds_from_its_description(quick_b
 
 
 def test_an_unknown_backend_is_one_line_naming_the_allowed_ones():
-    with pytest.raises(ConfigError, match="backend: unknown value 'llama'; allowed: tinyagent, qwen3"):
+    with pytest.raises(ConfigError, match="backend: unknown value 'llama'; allowed: tinyagent, hf"):
         backend("llama")
-    assert set(BACKENDS) == {"tinyagent", "qwen3"}
+    assert set(BACKENDS) == {"tinyagent", "hf"}
 
 
 def test_the_registry_saves_tinyagent_as_its_checkpoint(tmp_path, quick_base, tok):

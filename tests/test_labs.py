@@ -16,17 +16,26 @@ TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
 needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skips) without `make install`'s files
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("device", "tpu", r"lab.device: unknown value 'tpu'; allowed: cpu, cuda"),
-    ("runs", ["menu", "chess"], r"lab.runs: .*allowed|lab.runs: expected"),
-    ("episodes_per_task", 1, r"lab.episodes_per_task: expected"),
-    ("new_tokens", 0, r"lab.new_tokens: expected"),
-    ("colour", 1, r"lab.colour: unknown key; allowed: runs, model, device"),
+@pytest.mark.parametrize("values, message", [
+    ({"device": "tpu"}, r"lab.device: unknown value 'tpu'; allowed: cpu, cuda"),
+    ({"runs": ["menu", "chess"]}, r"lab.runs: unknown value 'chess'; allowed: menu, tools"),
+    ({"configs": {"menu": {"episodes_per_task": 1}}}, r"lab.configs.menu.episodes_per_task: expected"),
+    ({"configs": {"menu": {"new_tokens": 0}}}, r"lab.configs.menu.new_tokens: expected"),
+    ({"configs": {"menu": {"colour": 1}}}, r"lab.configs.menu.colour: unknown key; allowed: environment, model"),
+    ({"configs": {"a b": {}}}, r"lab.configs: 'a b': a lab name is letters, digits and _"),
+    ({"configs": {"nl\n": {}}}, r"lab.configs: 'nl\\n': a lab name is letters, digits and _"),
+    ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, device, eval_batch, configs"),
 ])
-def test_a_bad_lab_value_is_one_line_naming_it(key, value, message):
+def test_a_bad_lab_value_is_one_line_naming_it(values, message):
     with pytest.raises(ParamsError, match=message) as err:
-        load_section("lab", {"lab": {key: value}})
+        load_section("lab", {"lab": values})
     assert "\n" not in str(err.value)
+
+
+def test_a_lab_is_a_config_entry():
+    from agentrl.core.config import lab_run
+    lab = load_section("lab", {"lab": {"configs": {"menu": {}, "mine": {"model": "x", "steps": 3}}, "runs": ["mine"]}})
+    assert lab_run("mine", lab.configs["mine"]).steps == 3 and lab_run("menu", lab.configs["menu"]).steps == 25
 
 
 def test_the_lab_is_outside_the_default_pipeline(repo_root):
@@ -42,9 +51,9 @@ def test_the_gyms_call_words_become_tool_call_arguments(call, expected):
 
 @pytest.fixture(scope="module")
 def chat():
-    from agentrl.backends.qwen3 import transformers
-    from agentrl.env.chat import Qwen3ToolChat
-    return Qwen3ToolChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
+    from agentrl.backends.hf import transformers
+    from agentrl.env.gym.chat import GymToolChat
+    return GymToolChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
 
 
 @pytest.mark.slow
@@ -57,7 +66,7 @@ def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_
     from agentrl.starting.chat import expert_demo
     env = make_env_factory(6, "hidden", True)(train_tasks[0], torch.Generator().manual_seed(0))
     demo = expert_demo(env, chat)
-    assert demo.reward == 1.0 and env.info["tools"][0] == "read" and env.info["submitted"]
+    assert demo.reward == 1.0 and demo.record.calls[0] == "read" and demo.record.finished
     turns, current = [], []
     for tid, owner in zip(demo.ids, demo.owner):
         if owner == OWNER["policy"]:
@@ -66,10 +75,8 @@ def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_
                 turns.append(current)
                 current = []
     assert [chat.action(t)[1] for t in turns] == ["read", "edit", "test", "submit"]
-    user = chat.user_message(env.name)
-    assistant = {"role": "assistant", "content": "",
-                 "tool_calls": [{"type": "function", "function": {"name": "read", "arguments": {}}}]}
-    rendered = chat.encode(chat.render([user, assistant], generation_prompt=False))
+    rendered = chat.encode(chat.render(chat.messages_for(env.name) + [chat.assistant_call("read", {})],
+                                       generation_prompt=False))
     first = demo.owner.index(OWNER["env"])
     assert demo.ids[:first] == rendered[:first]
 
@@ -77,12 +84,12 @@ def test_an_expert_demo_is_the_conversation_the_policy_would_sample(chat, train_
 @pytest.fixture(scope="module")
 def cloned_batch(chat, train_tasks, tmp_path_factory):
     """The small Qwen3 after a short cold start, and a first batch of two groups sampled from it."""
-    from agentrl.backends.qwen3 import make_small_qwen3
+    from agentrl.backends.hf import make_small_model
     from agentrl.core.config import RLConfig
     from agentrl.env.gym.environment import make_env_factory
     from agentrl.labs.recipe import probe_batch
     from agentrl.starting.chat import clone, expert_demos
-    model = make_small_qwen3(tmp_path_factory.mktemp("lab") / "m", torch.Generator().manual_seed(0), TOKENIZER)
+    model = make_small_model(tmp_path_factory.mktemp("lab") / "m", torch.Generator().manual_seed(0), TOKENIZER)
     factory = make_env_factory(2, "hidden", True)
     g = torch.Generator().manual_seed(1)
     clone(model, expert_demos(train_tasks[:4], chat, factory, 1, g), chat, 3, 1e-2, 4, g)
@@ -105,9 +112,9 @@ def test_the_fault_matrix_holds_on_the_small_qwen3_after_cold_start(cloned_batch
 
 @pytest.fixture(scope="module")
 def coding_chat():
-    from agentrl.backends.qwen3 import transformers
-    from agentrl.env.coding.chat import Qwen3CodingChat
-    return Qwen3CodingChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
+    from agentrl.backends.hf import transformers
+    from agentrl.env.coding.chat import CodingToolChat
+    return CodingToolChat(transformers().AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True))
 
 
 @pytest.mark.slow
@@ -137,23 +144,25 @@ def test_the_tools_expert_passes_through_the_template_and_the_sandbox(coding_cha
     clock = SandboxClock()
     env = make_chat_tools_env_factory(6, clock)(train_tasks[0], torch.Generator().manual_seed(0))
     demo = tools_expert_demo(env, coding_chat)
-    assert demo.reward == 1.0 and env.info["calls"] == ["Read", "Edit", "Bash"] and env.info["answered"]
-    assert env.info["test_runs"] == 1 and clock.runs == 2 and clock.seconds > 0   # pytest and the final grade
-    assert env.info["n_turns"] == 4 and env.info["submitted"]
+    record = demo.record
+    assert demo.reward == 1.0 and record.calls == ("Read", "Edit", "Bash", "answer") and record.finished
+    assert record.kinds == ("read", "edit", "test", "finish") and record.tests == 1
+    assert clock.runs == 2 and clock.seconds > 0   # pytest and the final grade
+    assert record.turns == 4 and "hardcode" not in record.counts   # no gym counter faked
 
 
 def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_path):
-    from agentrl.core.config import ConfigError, LabConfig
+    from agentrl.core.config import ConfigError, LabRun
     from agentrl.labs.recipe import load_policy
     with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory") as err:
-        load_policy(LabConfig(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
+        load_policy(LabRun(model=str(tmp_path / "nope")), 0, tmp_path / "unused")
     assert "\n" not in str(err.value) and not (tmp_path / "unused").exists()
 
 
-SHORT_LAB = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 1, "tasks_per_step": 2,
-             "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "tools_new_tokens": 24, "eval_per_task": 1,
-             "tools_clone_steps": 2, "tools_steps": 1, "tools_episodes_per_task": 2,
-             "eval_batch": 10}
+SHORT = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 1, "tasks_per_step": 2,
+         "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "eval_per_task": 1}
+SHORT_LAB = {"eval_batch": 10,
+             "configs": {"menu": SHORT, "tools": {**SHORT, "environment": "coding", "probe_group": 2}}}
 
 
 @pytest.mark.slow
@@ -165,25 +174,25 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     import json
 
     from agentrl.core.config import load_section
-    from agentrl.labs.recipe import SPECS, run_lab
-    from agentrl.labs.report import menu_report, tools_report
+    from agentrl.labs.recipe import run_lab
+    from agentrl.labs.report import lab_report
     from agentrl.labs.timing import SandboxShare
     monkeypatch.chdir(REPO)   # the tokenizer files under data/tokenizers/qwen3
     params = {"lab": load_section("lab", {"lab": SHORT_LAB}), "rl": load_section("rl", {"rl": {}}),
               "run": load_section("run", {"run": {}})}
     share = SandboxShare()
-    record = run_lab(SPECS[name], params, tmp_path / "out", tmp_path / "model", log=lambda *_: None,
+    record = run_lab(name, params, tmp_path / "out", tmp_path / "model", log=lambda *_: None,
                      hooks=[share], clock=share.clock)
     record["threads"] = 2
     if name == "tools":
         record["sandbox"] = share.summary()
-    numbers, md = (tools_report if name == "tools" else menu_report)(record)
+    numbers, md = lab_report(record)
     assert (tmp_path / "model" / "config.json").is_file() and (tmp_path / "out" / "final" / "tokenizer.json").is_file()
     assert numbers["held_out"]["tasks"] == 10 and len(numbers["training"]["entropy_per_step"]) == 1
     assert set(numbers["preflight"]["checks"]) == {"mask_is_policy", "sampler_trainer_gap", "ratio_is_one",
                                                    "group_adv_mean", "padding_invariance", "accumulation",
                                                    "old_logp_frozen", "update_direction", "kl_to_reference"}
-    columns = ["paired gain", "share that Read first" if name == "tools" else "share that read first",
+    columns = ["paired", "share that Read first" if name == "tools" else "share that read first",
                "action-token entropy per step", "zero-advantage share", "sampler-trainer gap", "Wall time",
                "Peak memory", "| task |", "mechanism demonstration"]
     columns += ["failed calls per episode, by kind", "Write calls", "test runs", "claiming success",
@@ -191,19 +200,21 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
         ["malformed calls", "share that submit"]
     for column in columns:
         assert column in md, column
-    assert "n/a" not in md.split("## Preflight")[0], md
+    assert "n/a" not in md.split("## Preflight")[0] or not record["weights_changed"], md
+    if not record["weights_changed"]:   # no step changed a weight: said in one line, and no after-GRPO column
+        assert "**No GRPO step changed a weight**" in md and "| after GRPO |" not in md
     json.dumps(numbers)   # the report's numbers are JSON
 
 
 @pytest.mark.slow
 @needs_tokenizer
-def test_the_qwen3_bench_measures_both_samplers_and_both_update_memories():
-    """`bench --backend qwen3` on a tiny setting: both samplers drew the same number of new tokens (asserted inside)
+def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
+    """`bench --backend hf` on a tiny setting: both samplers drew the same number of new tokens (asserted inside)
     and the update with full logits needs more memory than the one with the LM head on policy positions."""
     import json
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "qwen3", "--rows", "2",
+    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "hf", "--rows", "2",
                           "--new-tokens", "3", "--steps", "1", "--memory-rows", "2", "--threads", "1", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -216,11 +227,11 @@ def test_the_qwen3_bench_measures_both_samplers_and_both_update_memories():
 
 def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made(tmp_path):
     from agentrl.core.config import ConfigError, load_section
-    from agentrl.labs.recipe import MENU, run_lab
+    from agentrl.labs.recipe import run_lab
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: lab.device cuda is valid here")
     params = {"lab": load_section("lab", {"lab": {"device": "cuda"}}), "rl": load_section("rl", {"rl": {}}),
               "run": load_section("run", {"run": {}})}
     with pytest.raises(ConfigError, match=r"^lab.device: cuda, but torch sees no CUDA device") as err:
-        run_lab(MENU, params, tmp_path / "out", tmp_path / "model")
+        run_lab("menu", params, tmp_path / "out", tmp_path / "model")
     assert "\n" not in str(err.value) and not (tmp_path / "model").exists() and not (tmp_path / "out").exists()

@@ -10,7 +10,7 @@ from agentrl.core.registry import Registry
 
 BUILTIN = {
     "tinyagent": "agentrl.backends.tinyagent",   # TinyAgent, the project's own small transformer (agentrl.model)
-    "qwen3": "agentrl.backends.qwen3",           # a Hugging Face Qwen3 causal LM loaded with from_pretrained
+    "hf": "agentrl.backends.hf",                 # a Hugging Face causal LM (Qwen3, Llama) loaded with from_pretrained
 }
 BACKENDS = Registry("policy backend", "backend", builtin=BUILTIN)
 

@@ -5,4 +5,4 @@ CLI's (threads, --model, one-line failures)."""
 from agentrl.core.registry import Registry
 
 BENCHES = Registry("bench", "bench --backend",
-                   builtin={"tinyagent": "agentrl.bench.steps", "qwen3": "agentrl.bench.hf"})
+                   builtin={"tinyagent": "agentrl.bench.steps", "hf": "agentrl.bench.hf"})

@@ -27,15 +27,16 @@ TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
 
 def small_or_given(model_dir: str | None, hidden: int, layers: int):
-    """(model, chat) for the bench: the user's Qwen3 directory, or a small random-init Qwen3 made from seed 0."""
-    from agentrl.backends.qwen3 import load_qwen3, load_tokenizer, make_small_qwen3
+    """(model, chat) for the bench: the user's model directory, or a small random-init Qwen3 made from seed 0."""
+    from agentrl.backends.hf import load_model, load_tokenizer, make_small_model
     from agentrl.core.seeding import generator
-    from agentrl.env.chat import Qwen3ToolChat
+    from agentrl.env.gym.chat import GymToolChat
     if model_dir:
-        return load_qwen3(model_dir, "--model"), Qwen3ToolChat(load_tokenizer(model_dir, "--model"))
-    path = Path(tempfile.mkdtemp(prefix="agentrl-bench-qwen3-"))
-    model = make_small_qwen3(path, generator(0, "bench", "init"), TOKENIZER_DIR, hidden=hidden, layers=layers)
-    return model, Qwen3ToolChat(load_tokenizer(path))
+        return load_model(model_dir, "--model"), GymToolChat(load_tokenizer(model_dir, "--model"))
+    path = Path(tempfile.mkdtemp(prefix="agentrl-bench-hf-"))
+    model = make_small_model(path, generator(0, "bench", "init"), TOKENIZER_DIR, hidden=hidden, layers=layers,
+                             field="--model")
+    return model, GymToolChat(load_tokenizer(path))
 
 
 def prompts(chat, rows: int) -> list[list[int]]:
@@ -173,7 +174,7 @@ if __name__ == "__main__":   # the memory child: variant hidden layers rows thre
     print(json.dumps(update_memory(model, chat, variant, rows)))
 
 
-@BENCHES.register("qwen3")
-def bench_qwen3(args, verb) -> int:
+@BENCHES.register("hf")
+def bench_hf(args, verb) -> int:
     verb.set_threads(max(args.threads))
     return run_qwen3_bench(args)

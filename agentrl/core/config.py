@@ -22,6 +22,7 @@ import yaml
 
 from agentrl.core import strict_yaml
 from agentrl.core.knobs import ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob, validate  # noqa: F401
+from agentrl.core.lab_config import DEVICES, LAB_CONFIGS, LabConfig, LabRun, lab_run  # noqa: F401 (the lab section)
 from agentrl.core.numerics import NUMERICS_MODES
 from agentrl.core.registry import Registry
 
@@ -318,39 +319,6 @@ class ThreadsConfig(Section):
 class BehaviourConfig(Section):
     episodes_per_task: int = _int(32, "episodes per held-out task for 'what the agent learned'", lo=1)
     transcripts_per_family: int = _int(1, lo=0)
-
-
-LABS = ("menu", "tools")        # the real-model labs (agentrl.labs; docs/labs.md)
-DEVICES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class LabConfig(Section):
-    """The real-model labs (docs/labs.md): outside the default pipeline (runs is empty by default)."""
-    runs: list = knob([], list, "the labs stage lab runs (empty: not in the default pipeline)", item=str,
-                      choices=LABS, unique=True)
-    model: str | None = knob(None, str, "a Qwen3 model directory (config.json, weights, tokenizer files); null: a "
-                             "small random-init Qwen3 written here with save_pretrained", nullable=True)
-    device: str = knob("cpu", str, "where the model and every tensor live", choices=DEVICES)
-    hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8)
-    layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1)
-    demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=1)
-    clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps", lo=1)
-    clone_lr: float = knob(3e-3, float, "cold start: Adam learning rate", lo=0.0, lo_open=True)
-    clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1)
-    steps: int = _int(25, "GRPO steps", lo=1)
-    tasks_per_step: int = _int(4, "GRPO: tasks per step", lo=1)
-    episodes_per_task: int = _int(8, "GRPO: episodes per task (the group)", lo=2)
-    lr: float = knob(4e-4, float, "GRPO: Adam learning rate", lo=0.0, lo_open=True)
-    microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1)
-    new_tokens: int = _int(24, "new tokens per turn: a turn without <|im_end|> is cut off after this many", lo=3)
-    tools_new_tokens: int = _int(72, "the tools lab's new tokens per turn (an Edit call carries whole lines)", lo=3)
-    tools_clone_steps: int = _int(150, "the tools lab's cold-start steps (its conversations are longer)", lo=1)
-    tools_steps: int = _int(8, "the tools lab's GRPO steps", lo=1)
-    tools_episodes_per_task: int = _int(4, "the tools lab's GRPO group", lo=2)
-    max_turns: int = _int(6, "turns per episode", lo=1)
-    eval_per_task: int = _int(8, "held-out episodes per task, before and after GRPO", lo=1)
-    eval_batch: int = _int(40, "held-out episodes sampled together", lo=1)
 
 
 SECTIONS = {

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import no_grad
 
 from agentrl.core.seeding import generator as stream_generator
-from agentrl.env.gym.environment import make_env_factory
+from agentrl.env.registry import environment
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate
 from agentrl.rl.dashboard import behavior_stats
@@ -36,25 +37,15 @@ from agentrl.starting.chat import clone, expert_demo, tools_expert_demo
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
 
-@dataclass(frozen=True)
-class LabSpec:
-    name: str
-    chat: str                 # "menu": agentrl.env.chat.Qwen3ToolChat; "tools": agentrl.env.coding.chat.Qwen3CodingChat
-    demo: object              # (env, chat) -> Trajectory of the scripted expert
-    probe_group: int          # episodes per group of the preflight's two groups: the float64 references hold
-                              # [policy tokens, 151,936] log-softmaxes, and a tools turn is 3x a menu turn
+EXPERTS = {"gym": expert_demo, "coding": tools_expert_demo}   # environment -> (env, chat) -> a scripted episode
 
 
-MENU = LabSpec("menu", "menu", expert_demo, 4)
-TOOLS = LabSpec("tools", "tools", tools_expert_demo, 2)
-SPECS = {"menu": MENU, "tools": TOOLS}
-
-
-def env_factory_for(spec: LabSpec, lab, clock):
-    if spec.chat == "tools":
-        from agentrl.env.coding.chat import make_chat_tools_env_factory
-        return make_chat_tools_env_factory(lab.max_turns, clock)
-    return make_env_factory(lab.max_turns, "hidden", True)
+def env_factory_for(run, clock=None):
+    """The lab's episodes: run.max_turns turns, the hidden tests' reward, the function renamed per episode."""
+    rules = SimpleNamespace(max_turns=run.max_turns, reward="hidden", rename=True)
+    if run.environment == "coding":
+        return environment("coding").make(rules, clock=clock)
+    return environment(run.environment).make(rules)
 
 
 def check_device(device: str) -> None:
@@ -70,43 +61,33 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def load_policy(lab, seed: int, small_model_dir: Path, spec: LabSpec = MENU):
-    """(model, chat): lab.model if set, else the small Qwen3 made here (written, then loaded back)."""
-    from agentrl.backends.qwen3 import check_model_dir, load_qwen3, load_tokenizer, make_small_qwen3
-    from agentrl.env.chat import Qwen3ToolChat
-    if lab.model:
-        model_dir = check_model_dir(lab.model)
-        model = load_qwen3(model_dir)
+def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
+    """(model, chat, model_dir): run.model if set, else the small Qwen3 made here (written, then loaded back); the
+    chat format is the environment's for the model's template."""
+    from agentrl.backends.hf import check_model_dir, load_model, load_tokenizer, make_small_model
+    if run.model:
+        model_dir = check_model_dir(run.model, "lab.model")
+        model = load_model(model_dir, "lab.model")
     else:
         model_dir = small_model_dir
-        model = make_small_qwen3(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
-                                 hidden=lab.hidden, layers=lab.layers)
-    if spec.chat == "tools":
-        from agentrl.env.coding.chat import Qwen3CodingChat as Qwen3ToolChat
-    return model.to(lab.device), Qwen3ToolChat(load_tokenizer(model_dir)), str(model_dir)
+        model = make_small_model(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
+                                 hidden=run.hidden, layers=run.layers)
+    chat = environment(run.environment).formats["chat"](load_tokenizer(model_dir, "lab.model"))
+    return model.to(device), chat, str(model_dir)
 
 
-def lab_for(spec: LabSpec, lab):
-    """The lab section as `spec` reads it: the tools lab's own budget knobs (tools_*) in place of the menu lab's."""
-    if spec.chat != "tools":
-        return lab
-    return replace(lab, clone_steps=lab.tools_clone_steps, steps=lab.tools_steps,
-                   episodes_per_task=lab.tools_episodes_per_task, new_tokens=lab.tools_new_tokens)
-
-
-def rl_config(rl, lab, spec: LabSpec = MENU):
+def rl_config(rl, run):
     """The project's GRPO config with the lab's knobs."""
-    lab = lab_for(spec, lab)
-    return replace(rl, lr=lab.lr, tasks_per_step=lab.tasks_per_step, group_size=lab.episodes_per_task,
-                   max_call_tokens=lab.new_tokens, minibatches=min(rl.minibatches, lab.tasks_per_step),
-                   microbatches=lab.microbatches, max_turns=lab.max_turns)
+    return replace(rl, lr=run.lr, tasks_per_step=run.tasks_per_step, group_size=run.episodes_per_task,
+                   max_call_tokens=run.new_tokens, minibatches=min(rl.minibatches, run.tasks_per_step),
+                   microbatches=run.microbatches, max_turns=run.max_turns)
 
 
-def held_out(model, tasks, chat, lab, cfg, env_factory, seed: int, label: str) -> dict:
+def held_out(model, tasks, chat, run, cfg, env_factory, seed: int, label: str, batch: int) -> dict:
     """Held-out episodes (hidden-test reward) from the evaluation stream `label`, with their behaviour."""
     model.eval()
-    res = evaluate(model, tasks, chat, lab.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
-                   env=env_factory, batch_episodes=lab.eval_batch)
+    res = evaluate(model, tasks, chat, run.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
+                   env=env_factory, batch_episodes=batch)
     beh = behavior_stats(res["trajs"])
     out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
@@ -159,59 +140,92 @@ def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
             "rewards": rewards}
 
 
-def run_lab(spec: LabSpec, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
-            clock=None) -> dict:
-    """The whole lab -> the report's record; writes checkpoints under out_dir and, when lab.model is null, the
-    small Qwen3 to small_model_dir."""
-    lab, rl, seed = lab_for(spec, params["lab"]), params["rl"], params["run"].seed
+def peak_device_memory_mib(device: str) -> float | None:
+    """Peak memory allocated on a CUDA device by this process (None on the CPU: the resident set says it)."""
+    if device != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def weights_digest(model) -> str:
+    """A digest of every parameter's bytes: equal before and after GRPO iff no step changed a weight."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None) -> dict:
+    """The whole lab lab.configs.<name> -> the report's record; writes checkpoints under out_dir and, when its model
+    is null, the small Qwen3 to small_model_dir."""
+    from agentrl.core.config import lab_run
+    lab, rl, seed = params["lab"], params["rl"], params["run"].seed
+    run = lab_run(name, lab.configs[name])
+    environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
     start, cpu_start = time.time(), time.process_time()
     timings = {}
 
-    def lap(name, t0):
-        timings[name] = round(time.time() - t0, 1)
-        log(f"lab {spec.name}: {name} {timings[name]} s")
+    def lap(what, t0):
+        timings[what] = round(time.time() - t0, 1)
+        log(f"lab {name}: {what} {timings[what]} s")
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
     try:
         t0 = time.time()
-        model, chat, model_dir = load_policy(lab, seed, small_model_dir, spec)
+        model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
         lap("load", t0)
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
-        env_factory = env_factory_for(spec, lab, clock)
-        cfg = rl_config(rl, lab, spec)
+        env_factory = env_factory_for(run, clock)
+        cfg = rl_config(rl, run)
+        evaluations = {}
+        if run.model:   # a pretrained model as it is: the column before any training
+            t0 = time.time()
+            evaluations["pretrained"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "pretrained",
+                                                 lab.eval_batch)
+            lap("eval_pretrained", t0)
 
         t0 = time.time()
         g = stream_generator(seed, "lab", "cold_start")
-        demos = [spec.demo(env_factory(task, g), chat) for task in train_tasks for _ in range(lab.demos_per_task)]
-        losses = clone(model, demos, chat, lab.clone_steps, lab.clone_lr, lab.clone_batch, g)
+        demos = [EXPERTS[run.environment](env_factory(task, g), chat) for task in train_tasks
+                 for _ in range(run.demos_per_task)]
+        losses = clone(model, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g) \
+            if run.clone_steps else []
         lap("cold_start", t0)
-        from agentrl.backends.qwen3 import save_qwen3
-        save_qwen3(model, out_dir / "cold_start", chat.hash, tokenizer_dir=TOKENIZER_DIR)
+        from agentrl.backends.hf import save_model
+        save_model(model, out_dir / "cold_start", chat.hash, tokenizer_dir=model_dir)
 
         t0 = time.time()
-        gate = preflight(model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, spec.probe_group)),
+        gate = preflight(model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, run.probe_group)),
                          env_factory, seed)
         lap("preflight", t0)
         t0 = time.time()
-        before = held_out(model, heldout, chat, lab, cfg, env_factory, seed, "before")
+        evaluations["before"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "before", lab.eval_batch)
         lap("eval_before", t0)
 
         t0 = time.time()
         model.train()
-        history = train(model, train_tasks, chat, cfg, lab.steps, env=env_factory,
+        digest = weights_digest(model)
+        history = train(model, train_tasks, chat, cfg, run.steps, env=env_factory,
                         generator=stream_generator(seed, "lab", "grpo"), hooks=hooks)
+        changed = weights_digest(model) != digest
         lap("grpo", t0)
-        save_qwen3(model, out_dir / "final", chat.hash, tokenizer_dir=TOKENIZER_DIR)
+        save_model(model, out_dir / "final", chat.hash, tokenizer_dir=model_dir)
         t0 = time.time()
-        after = held_out(model, heldout, chat, lab, cfg, env_factory, seed, "after")
+        evaluations["after"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "after", lab.eval_batch)
         lap("eval_after", t0)
     finally:
         torch.set_default_device(previous_device)
-    return {"model_dir": model_dir, "backend": model.describe()["backend"], "parameters": model.num_params(),
-            "device": lab.device, "seed": seed,
-            "cold_start": {"demos": len(demos), "demo_pass": sum(d.reward for d in demos) / len(demos),
-                           "loss_first": losses[0], "loss_last": losses[-1]},
-            "preflight": gate, "before": before, "after": after, "history": history,
+    from agentrl.backends.hf import honest_name
+    return {"lab": name, "config": run.to_dict(), "model_dir": model_dir, "model": honest_name(model_dir),
+            "backend": model.describe()["backend"], "architecture": model.model_type,
+            "parameters": model.num_params(), "device": lab.device, "seed": seed,
+            "cold_start": {"demos": len(demos), "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1),
+                           "steps": run.clone_steps, "loss_first": losses[0] if losses else None,
+                           "loss_last": losses[-1] if losses else None},
+            "preflight": gate, **evaluations, "history": history, "weights_changed": changed,
             "timings_s": timings, "wall_s": round(time.time() - start, 1),
-            "cpu_s": round(time.process_time() - cpu_start, 1), "peak_memory_mib": round(peak_memory_mib(), 1)}
+            "cpu_s": round(time.process_time() - cpu_start, 1), "peak_memory_mib": round(peak_memory_mib(), 1),
+            "peak_device_memory_mib": peak_device_memory_mib(lab.device)}

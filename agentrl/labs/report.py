@@ -1,30 +1,54 @@
 """A lab's record -> its report's numbers and markdown (reports/labs/<lab>.{json,md}).
 
-Held-out pass rates are per task then averaged, with a task-bootstrap interval; the gain is the paired bootstrap
-difference after - before over the same tasks (agentrl.eval.stats). Training columns are means over GRPO steps.
+Held-out pass rates are per task then averaged, with a task-bootstrap interval; each gain is the paired bootstrap
+difference between two evaluations over the same tasks (agentrl.eval.stats). Columns: the model as it is (a
+pretrained model only), after the cold start, after GRPO. A run whose GRPO steps changed no weight says so instead of
+showing an "after" column as if it were another model; the reason line reads the measured zero-advantage share; an
+interval [0, 0] says that no episode succeeded.
 """
 from __future__ import annotations
 
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
 
 N_BOOT = 10_000
-HONEST_LABEL = ("A mechanism demonstration on a small random-init Qwen3 architecture (the real 151,936-token "
-                "vocabulary and chat template, a {parameters:,}-parameter decoder) behaviour-cloned here on a "
-                "scripted expert, then trained with GRPO on CPU. It is not Qwen3-0.6B, and its numbers say nothing "
-                "about what Qwen3-0.6B would do; they show that the recipe's machinery runs end to end on a real "
-                "model format, tokenizer and chat template.")
+RANDOM_INIT_LABEL = ("A mechanism demonstration on a small random-init Qwen3 architecture (the real 151,936-token "
+                     "vocabulary and chat template, a {parameters:,}-parameter decoder) behaviour-cloned here on "
+                     "{expert}, then trained with GRPO on CPU. It is not Qwen3-0.6B, and its numbers say nothing "
+                     "about what Qwen3-0.6B would do; they show that the recipe's machinery runs end to end on a real "
+                     "model format, tokenizer and chat template.")
+PRETRAINED_LABEL = ("{model}: a pretrained instruct model ({parameters:,} parameters, {architecture}), "
+                    "behaviour-cloned here on {expert} and then trained with GRPO on CPU.")
+EXPERTS = {"gym": "a scripted expert (read, edit with the keyword rule's op, test, submit)",
+           "coding": "the generic-tools scripted expert (Read, Edit with whole lines, pytest, answer)"}
+# the book's section 19.7 run on Qwen3-0.6B (menu lab), for the side-by-side table: reference figures, not targets
+BOOK_QWEN3_06B = {"before": "0.20 [0.06, 0.39]", "after": "0.80 [0.50, 1.00]", "gain": "+0.60 [+0.33, +0.88]",
+                  "malformed": "1.69 per episode -> 0 by step 10", "entropy": "0.55 -> 0.000 by step 15"}
+COLUMNS = (("pretrained", "pretrained, as it is"), ("before", "after the cold start"), ("after", "after GRPO"))
 
 
 def per_task_rates(per_task: dict) -> list[float]:
     return [v["c"] / v["n"] for _, v in sorted(per_task.items())]
 
 
-def held_out_stats(before: dict, after: dict, seed: int) -> dict:
-    b, a = per_task_rates(before["per_task"]), per_task_rates(after["per_task"])
-    return {"tasks": len(b), "episodes_per_task": next(iter(before["per_task"].values()))["n"],
-            "before": dict(zip(("mean", "lo", "hi"), bootstrap_ci(b, N_BOOT, seed=seed))),
-            "after": dict(zip(("mean", "lo", "hi"), bootstrap_ci(a, N_BOOT, seed=seed))),
-            "gain": dict(zip(("mean", "lo", "hi"), paired_bootstrap_diff(b, a, N_BOOT, seed=seed)))}
+def _ci(values, seed):
+    return dict(zip(("mean", "lo", "hi"), bootstrap_ci(values, N_BOOT, seed=seed)))
+
+
+def _gain(a, b, seed):
+    return dict(zip(("mean", "lo", "hi"), paired_bootstrap_diff(a, b, N_BOOT, seed=seed)))
+
+
+def held_out_stats(record: dict, seed: int) -> dict:
+    """Each evaluation's pass rate with its interval, and the paired gains of the cold start and of GRPO."""
+    rates = {k: per_task_rates(record[k]["per_task"]) for k, _ in COLUMNS if k in record}
+    first = record["before"]["per_task"]
+    out = {"tasks": len(first), "episodes_per_task": next(iter(first.values()))["n"],
+           **{k: _ci(v, seed) for k, v in rates.items()},
+           "gain": _gain(rates["before"], rates["after"], seed)}
+    if "pretrained" in rates:
+        out["cold_start_gain"] = _gain(rates["pretrained"], rates["before"], seed)
+        out["total_gain"] = _gain(rates["pretrained"], rates["after"], seed)
+    return out
 
 
 def _mean(history: list, key: str) -> float | None:
@@ -35,10 +59,12 @@ def _mean(history: list, key: str) -> float | None:
 def training_stats(history: list) -> dict:
     return {"steps": len(history),
             "entropy_per_step": [row.get("entropy") for row in history],
+            "zero_adv_per_step": [row.get("zero_adv_frac") for row in history],
             "zero_adv_share": _mean(history, "zero_adv_frac"),
             "sampler_trainer_gap_mean": _mean(history, "logp_gap"),
             "sampler_trainer_gap_max": max((row.get("logp_gap_max", 0.0) for row in history), default=None),
             "train_pass_rate": _mean(history, "pass_rate"), "malformed": _mean(history, "malformed"),
+            "malformed_per_step": [row.get("malformed") for row in history],
             "pass_per_step": [row.get("pass_rate") for row in history]}
 
 
@@ -46,29 +72,91 @@ def fmt(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def interval(d: dict) -> str:
-    return f"{d['mean']:.3f} [{d['lo']:.3f}, {d['hi']:.3f}]"
+def interval(d: dict, signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    text = f"{d['mean']:{f}} [{d['lo']:{f}}, {d['hi']:{f}}]"
+    return text + " (no episode succeeded)" if d["lo"] == d["hi"] == d["mean"] == 0 and not signed else text
 
 
-def behaviour_table(before: dict, after: dict, rows: list[tuple[str, str]]) -> list[str]:
-    out = ["| held-out, per episode | before GRPO | after GRPO |", "|---|---|---|"]
-    out += [f"| {label} | {fmt(before[key])} | {fmt(after[key])} |" for label, key in rows]
+def excludes_zero(d: dict) -> bool:
+    return d["lo"] > 0 or d["hi"] < 0
+
+
+def shown(record: dict) -> list[tuple[str, str]]:
+    """The evaluation columns to show: "after GRPO" only when a step changed the weights."""
+    cols = [(k, label) for k, label in COLUMNS if k in record]
+    return cols if record["weights_changed"] else [c for c in cols if c[0] != "after"]
+
+
+def behaviour_table(record: dict, rows: list[tuple[str, str]]) -> list[str]:
+    cols = shown(record)
+    out = ["| held-out, per episode | " + " | ".join(label for _, label in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    out += [f"| {label} | " + " | ".join(fmt(record[k].get(key)) for k, _ in cols) + " |" for label, key in rows]
     return out
 
 
-def per_task_table(before: dict, after: dict) -> list[str]:
-    out = ["| task | before (passed/episodes) | after |", "|---|---|---|"]
-    for name in sorted(before["per_task"]):
-        b, a = before["per_task"][name], after["per_task"][name]
-        out.append(f"| {name} | {b['c']}/{b['n']} | {a['c']}/{a['n']} |")
+def per_task_table(record: dict) -> list[str]:
+    cols = shown(record)
+    out = ["| task | " + " | ".join(f"{label} (passed/episodes)" for _, label in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    for name in sorted(record["before"]["per_task"]):
+        out.append(f"| {name} | " + " | ".join(f"{record[k]['per_task'][name]['c']}/{record[k]['per_task'][name]['n']}"
+                                              for k, _ in cols) + " |")
+    return out
+
+
+def held_out_lines(record: dict, held: dict, training: dict) -> list[str]:
+    cols = shown(record)
+    out = [f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1; per-task means "
+           "with a 95% task-bootstrap interval; each gain is the paired bootstrap difference over the same tasks.",
+           "", "| | pass rate [95% CI] |", "|---|---|"]
+    out += [f"| {label} | {interval(held[k])} |" for k, label in cols]
+    if "cold_start_gain" in held:
+        out.append(f"| cold start over the pretrained model (paired) | {interval(held['cold_start_gain'], True)} |")
+    if record["weights_changed"]:
+        out.append(f"| GRPO over the cold start (paired) | {interval(held['gain'], True)} |")
+    out.append("")
+    if not record["weights_changed"]:
+        out.append(f"**No GRPO step changed a weight** ({training['steps']} steps, zero-advantage share "
+                   f"{fmt(training['zero_adv_share'])}): every group's episodes had equal rewards, so the model after "
+                   "GRPO is the cold-start model; no after-GRPO column is shown.")
+    elif excludes_zero(held["gain"]):
+        out.append(f"GRPO's paired gain over the cold start excludes 0 ({'up' if held['gain']['lo'] > 0 else 'down'}).")
+    else:
+        out.append(f"GRPO's paired gain over the cold start includes 0. Measured: {fmt(training['zero_adv_share'])} "
+                   "of the training groups had equal rewards (no gradient); action-token entropy "
+                   f"{fmt(training['entropy_per_step'][0])} -> {fmt(training['entropy_per_step'][-1])} over the steps.")
+    return out
+
+
+def training_lines(record: dict, training: dict) -> list[str]:
+    out = ["| column | value |", "|---|---|",
+           f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
+           f"| zero-advantage share per step | {', '.join(fmt(z, 2) for z in training['zero_adv_per_step'])} "
+           f"(mean {fmt(training['zero_adv_share'])}) |",
+           f"| malformed calls per training episode, per step | "
+           f"{', '.join(fmt(m, 2) for m in training['malformed_per_step'])} |",
+           f"| training pass rate (mean; per step) | {fmt(training['train_pass_rate'])}; "
+           f"{', '.join(fmt(p, 2) for p in training['pass_per_step'])} |",
+           f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
+           f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
+           f"| weights changed by GRPO | {record['weights_changed']} |"]
+    if "sandbox" in record:
+        s = record["sandbox"]
+        out.append(f"| sandbox share of a training step | {fmt(s['share'])} ({s['runs']} sandboxed steps, "
+                   f"{s['seconds']:.1f} s of {s['step_seconds']:.1f} s) |")
     return out
 
 
 def cost_lines(record: dict) -> list[str]:
     t = record["timings_s"]
-    return [f"- Wall time {record['wall_s']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in t.items())}); "
-            f"CPU time {record['cpu_s']:.0f} s at {record['threads']} threads on a shared machine.",
-            f"- Peak memory (resident set) {record['peak_memory_mib']:.0f} MiB."]
+    out = [f"- Wall time {record['wall_s']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in t.items())}); "
+           f"CPU time {record['cpu_s']:.0f} s at {record['threads']} threads.",
+           f"- Peak memory (resident set) {record['peak_memory_mib']:.0f} MiB."]
+    if record.get("peak_device_memory_mib") is not None:
+        out.append(f"- Peak {record['device']} memory allocated {record['peak_device_memory_mib']:.0f} MiB.")
+    return out
 
 
 def preflight_lines(gate: dict) -> list[str]:
@@ -80,105 +168,76 @@ def preflight_lines(gate: dict) -> list[str]:
     return out + ([f"- errors: {gate['errors']}"] if gate["errors"] else [])
 
 
-MENU_BEHAVIOUR = [("malformed calls", "malformed"), ("share that submit", "submitted"),
-                  ("share that read first", "read_first"), ("turns", "turns"),
-                  ("action-token entropy (nats)", "entropy")]
+def comparison_table(labs: dict) -> list[str]:
+    """The committed labs' numbers ({name: numbers}) beside the book's Qwen3-0.6B run, on the same statistics."""
+    def gain(n):
+        return interval(n["held_out"]["gain"], True) if n["weights_changed"] else "no weight changed"
 
-
-def menu_report(record: dict) -> tuple[dict, str]:
-    """(numbers, markdown) of the menu lab's record."""
-    seed = record["seed"]
-    held = held_out_stats(record["before"], record["after"], seed)
-    training = training_stats(record["history"])
-    numbers = {k: v for k, v in record.items() if k not in ("history", "before", "after")}
-    numbers.update({"held_out": held, "training": training,
-                    "before": {k: v for k, v in record["before"].items()},
-                    "after": {k: v for k, v in record["after"].items()}})
-    excludes_zero = held["gain"]["lo"] > 0 or held["gain"]["hi"] < 0
-    md = ["# Menu lab: the recipe on a Qwen3 backend through Qwen3's chat template", "",
-          "**" + HONEST_LABEL.format(parameters=record["parameters"]) + "**", "",
-          f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['parameters']:,} parameters, "
-          f"device {record['device']}), seed {seed}. Cold start: {record['cold_start']['demos']} scripted-expert "
-          f"conversations (expert pass {record['cold_start']['demo_pass']:.2f}), cross-entropy "
-          f"{record['cold_start']['loss_first']:.2f} -> {record['cold_start']['loss_last']:.2f}. "
-          f"GRPO: {training['steps']} steps.", "",
-          "## Held-out pass (hidden tests)", "",
-          f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1; per-task means "
-          "with a 95% task-bootstrap interval; gain = paired bootstrap difference after - before.", "",
-          "| | pass rate [95% CI] |", "|---|---|",
-          f"| after cold start (before GRPO) | {interval(held['before'])} |",
-          f"| after GRPO | {interval(held['after'])} |",
-          f"| paired gain | {interval(held['gain'])} |", "",
-          f"The paired interval {'excludes' if excludes_zero else 'includes'} 0"
-          + ("." if excludes_zero else ": at this budget the run does not show a gain; see the training columns "
-             "below for why (groups without a gradient, entropy)."), "",
-          *behaviour_table(record["before"], record["after"], MENU_BEHAVIOUR), "",
-          "## Training (GRPO steps)", "",
-          "| column | value |", "|---|---|",
-          f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
-          f"| zero-advantage share (groups with equal rewards) | {fmt(training['zero_adv_share'])} |",
-          f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
-          f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
-          f"| malformed calls per training episode | {fmt(training['malformed'])} |",
-          f"| training pass rate (mean; per step) | {fmt(training['train_pass_rate'])}; "
-          f"{', '.join(fmt(p, 2) for p in training['pass_per_step'])} |", "",
-          "## Per-task counts (held-out)", "", *per_task_table(record["before"], record["after"]), "",
-          "## Preflight", "", *preflight_lines(record["preflight"]), "",
-          "## Cost", "", *cost_lines(record), ""]
-    return numbers, "\n".join(md)
-
-
-TOOLS_BEHAVIOUR = [("malformed calls", "malformed"), ("Write calls", "writes"), ("test runs", "test_runs"),
-                   ("share that answer (a turn without a tool call)", "answered"),
-                   ("share that Read first", "read_first"),
-                   ("final answers claiming success while the hidden tests fail", "false_success_claims"),
-                   ("turns", "turns"), ("action-token entropy (nats)", "entropy")]
-TOOLS_LABEL = HONEST_LABEL.replace("a scripted expert", "the generic-tools scripted expert (Read, Edit with whole "
-                                   "lines, pytest, answer)")
-
-
-def tools_tables(before: dict, after: dict) -> list[str]:
-    out = ["| failed calls per episode, by kind | before GRPO | after GRPO |", "|---|---|---|"]
-    out += [f"| {kind.replace('_', ' ')} | {fmt(before['failed_calls'][kind])} | {fmt(after['failed_calls'][kind])} |"
-            for kind in before["failed_calls"]]
-    out += ["", "| family (held-out) | before (passed/episodes) | after |", "|---|---|---|"]
-    out += [f"| {fam} | {b['c']}/{b['n']} | {after['per_family'][fam]['c']}/{after['per_family'][fam]['n']} |"
-            for fam, b in before["per_family"].items()]
+    def after(n):
+        return interval(n["held_out"]["after"]) if n["weights_changed"] else "(= after the cold start)"
+    out = ["| run | model | as it is | after the cold start | after GRPO | GRPO's paired gain | malformed calls per "
+           "episode (cold start -> GRPO) | entropy (first -> last step) | zero-advantage share |",
+           "|---|---|---|---|---|---|---|---|---|",
+           f"| the book, section 19.7 | Qwen3-0.6B | n/a | {BOOK_QWEN3_06B['before']} | {BOOK_QWEN3_06B['after']} | "
+           f"{BOOK_QWEN3_06B['gain']} | {BOOK_QWEN3_06B['malformed']} | {BOOK_QWEN3_06B['entropy']} | n/a |"]
+    for name, n in sorted(labs.items()):
+        h, t = n["held_out"], n["training"]
+        out.append(f"| `{name}` | {n['model']} | {interval(h['pretrained']) if 'pretrained' in h else 'n/a'} | "
+                   f"{interval(h['before'])} | {after(n)} | {gain(n)} | {fmt(n['before']['malformed'], 2)} -> "
+                   f"{fmt(n['after']['malformed'], 2)} | {fmt(t['entropy_per_step'][0])} -> "
+                   f"{fmt(t['entropy_per_step'][-1])} | {fmt(t['zero_adv_share'])} |")
     return out
 
 
-def tools_report(record: dict) -> tuple[dict, str]:
-    """(numbers, markdown) of the tools lab's record."""
-    numbers, _ = menu_report(record)
-    held, training = numbers["held_out"], numbers["training"]
-    sandbox = record["sandbox"]
-    md = ["# Tools lab: generic coding tools on a Qwen3 backend through Qwen3's chat template", "",
-          "**" + TOOLS_LABEL.format(parameters=record["parameters"]) + "**", "",
-          f"Model: `{record['model_dir']}` ({record['parameters']:,} parameters, device {record['device']}), seed "
-          f"{record['seed']}. Cold start: {record['cold_start']['demos']} expert conversations (expert pass "
-          f"{record['cold_start']['demo_pass']:.2f}), cross-entropy {record['cold_start']['loss_first']:.2f} -> "
-          f"{record['cold_start']['loss_last']:.2f}. GRPO: {training['steps']} steps. Every test run, script and "
-          "final grade of model-written code ran in the sandbox (docs/sandbox.md).", "",
-          "## Held-out pass (hidden tests, graded in the sandbox)", "",
-          f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1.", "",
-          "| | pass rate [95% CI] |", "|---|---|",
-          f"| after cold start (before GRPO) | {interval(held['before'])} |",
-          f"| after GRPO | {interval(held['after'])} |",
-          f"| paired gain | {interval(held['gain'])} |", "",
-          *behaviour_table(record["before"], record["after"], TOOLS_BEHAVIOUR), "",
-          *tools_tables(record["before"], record["after"]), "",
-          "A final answer 'claims success' by a word heuristic (agentrl.env.coding.environment.claims_success).", "",
-          "## Training (GRPO steps)", "", "| column | value |", "|---|---|",
-          f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
-          f"| zero-advantage share | {fmt(training['zero_adv_share'])} |",
-          f"| training pass rate (mean; per step) | {fmt(training['train_pass_rate'])}; "
-          f"{', '.join(fmt(p, 2) for p in training['pass_per_step'])} |",
-          f"| sampler-trainer gap, mean / max (nats per token) | {fmt(training['sampler_trainer_gap_mean'], 8)} / "
-          f"{fmt(training['sampler_trainer_gap_max'], 8)} |",
-          f"| sandbox share of a training step | {fmt(sandbox['share'])} ({sandbox['runs']} sandboxed steps, "
-          f"{sandbox['seconds']:.1f} s of {sandbox['step_seconds']:.1f} s) |", "",
-          "## Per-task counts (held-out)", "", *per_task_table(record["before"], record["after"]), "",
-          "## Preflight", "", *preflight_lines(record["preflight"]), "",
-          "## Cost", "", *cost_lines(record), ""]
-    numbers["sandbox"] = sandbox
+GYM_BEHAVIOUR = [("malformed calls", "malformed"), ("share that submit", "submitted"),
+                 ("share that read first", "read_first"), ("turns", "turns"),
+                 ("action-token entropy (nats)", "entropy")]
+CODING_BEHAVIOUR = [("malformed calls", "malformed"), ("Write calls", "writes"), ("test runs", "test_runs"),
+                    ("share that answer (a turn without a tool call)", "answered"),
+                    ("share that Read first", "read_first"),
+                    ("final answers claiming success while the hidden tests fail", "false_success_claims"),
+                    ("turns", "turns"), ("action-token entropy (nats)", "entropy")]
+
+
+def coding_tables(record: dict) -> list[str]:
+    cols = shown(record)
+    out = ["| failed calls per episode, by kind | " + " | ".join(label for _, label in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    out += [f"| {kind.replace('_', ' ')} | " + " | ".join(fmt(record[k]["failed_calls"][kind]) for k, _ in cols)
+            + " |" for kind in record["before"]["failed_calls"]]
+    out += ["", "| family (held-out) | " + " | ".join(f"{label} (passed/episodes)" for _, label in cols) + " |",
+            "|---|" + "---|" * len(cols)]
+    out += [f"| {fam} | " + " | ".join(f"{record[k]['per_family'][fam]['c']}/{record[k]['per_family'][fam]['n']}"
+                                       for k, _ in cols) + " |" for fam in record["before"]["per_family"]]
+    return out
+
+
+def lab_report(record: dict) -> tuple[dict, str]:
+    """(numbers, markdown) of a lab's record."""
+    seed, env = record["seed"], record["config"]["environment"]
+    held = held_out_stats(record, seed)
+    training = training_stats(record["history"])
+    numbers = {k: v for k, v in record.items() if k != "history"}
+    numbers.update({"held_out": held, "training": training})
+    pretrained = "pretrained" in record
+    label = (PRETRAINED_LABEL if pretrained else RANDOM_INIT_LABEL).format(
+        model=record["model"], parameters=record["parameters"], architecture=record["architecture"],
+        expert=EXPERTS.get(env, "a scripted expert"))
+    cold = record["cold_start"]
+    md = [f"# Lab `{record['lab']}`: the recipe on {record['model']} ({env} environment)", "", f"**{label}**", "",
+          f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
+          f"{record['parameters']:,} parameters, device {record['device']}), seed {seed}. Cold start: "
+          f"{cold['demos']} scripted-expert conversations (expert pass {cold['demo_pass']:.2f}), {cold['steps']} "
+          f"steps, cross-entropy {fmt(cold['loss_first'], 2)} -> {fmt(cold['loss_last'], 2)}. GRPO: "
+          f"{training['steps']} steps.", "",
+          "## Held-out pass (hidden tests)", "", *held_out_lines(record, held, training), "",
+          *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), ""]
+    if env == "coding":
+        md += [*coding_tables(record), "",
+               "A final answer 'claims success' by a word heuristic (agentrl.env.coding.environment.claims_success).",
+               ""]
+    md += ["## Training (GRPO steps)", "", *training_lines(record, training), "",
+           "## Per-task counts (held-out)", "", *per_task_table(record), "",
+           "## Preflight", "", *preflight_lines(record["preflight"]), "",
+           "## Cost", "", *cost_lines(record), ""]
     return numbers, "\n".join(md)

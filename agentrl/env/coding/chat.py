@@ -1,7 +1,7 @@
-"""The generic-tools environment (agentrl.env.coding) in Qwen3's chat template, as a conversation format and an
+"""The coding-tools environment (agentrl.env.coding) in a model's chat template, as a conversation format and an
 environment the project's rollout, trainer and evaluation drive.
 
-- `Qwen3CodingChat`: Qwen3ToolChat (agentrl.env.chat: prompt rendered once, sampled turns kept as sampled, each
+- `CodingToolChat`: a ToolChat (agentrl.env.chat: prompt rendered once, sampled turns kept as sampled, each
   observation appended as the template's own tool-response block, the start-up assertion) with the four generic
   tools' schemas (Read, Edit, Write, Bash) and the episode's system and user messages. A turn with one
   `<tool_call>{...}</tool_call>` is that call (its arguments checked by the environment: anything wrong is a
@@ -11,52 +11,33 @@ environment the project's rollout, trainer and evaluation drive.
 """
 from __future__ import annotations
 
-import json
-import re
 import time
 
-from agentrl.env.chat import END_OF_TURN, Qwen3ToolChat, observation_text
-from agentrl.env.coding.environment import make_tools_env_factory
-from agentrl.env.coding.schemas import TOOL_SCHEMAS
+from agentrl.env.chat import ToolChat
+from agentrl.env.coding.environment import make_tools_env_factory, opening_messages
+from agentrl.env.coding.schemas import REPO_ROOT, TOOL_SCHEMAS
 
-_BLOCK = re.compile(r"\A<tool_call>(.*)</tool_call>\Z", re.S)
 MALFORMED_CALL = {"malformed": True}   # refused by agentrl.env.coding.schemas.check_call: a malformed call
 
 
-class Qwen3CodingChat(Qwen3ToolChat):
-    """Qwen3's chat template with the generic coding tools."""
+class CodingToolChat(ToolChat):
+    """A chat template with the generic coding tools."""
 
-    def render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, tokenize=False,
-                                                  add_generation_prompt=generation_prompt, enable_thinking=False)
+    tools = TOOL_SCHEMAS
+
+    def messages_for(self, name: str) -> list[dict]:
+        return opening_messages(name)
+
+    def probe_call(self) -> tuple[str, dict]:
+        return "Read", {"file_path": f"{REPO_ROOT}/f.py"}
 
     def prompt(self, env) -> list[int]:
         return self.encode(self.render(env.reset(), generation_prompt=True))
 
     def action(self, turn: list[int]) -> tuple[str, object]:
         """("call", {"name", "arguments"}) for a turn with a tool call, ("answer", text) for one without."""
-        text = self.decode(turn)
-        if text.endswith(END_OF_TURN):
-            text = text[:-len(END_OF_TURN)]
-        text = text.strip()
-        if "<tool_call>" not in text and "</tool_call>" not in text and "<think>" not in text:
-            return "answer", text
-        block = _BLOCK.match(text)
-        if block is None or text.count("<tool_call>") != 1:
-            return "call", MALFORMED_CALL
-        try:
-            call = json.loads(block.group(1))
-        except ValueError:
-            return "call", MALFORMED_CALL
-        return "call", call if isinstance(call, dict) and set(call) == {"name", "arguments"} else MALFORMED_CALL
-
-    def reply(self, obs, closed: bool) -> list[int]:
-        text = obs if isinstance(obs, str) else observation_text(obs)
-        ids = self.encode(self.block_head + text + self.block_tail)
-        return ids if closed else [self.stop_id] + ids
-
-    def answer_ids(self, text: str) -> list[int]:
-        return self.encode(text) + [self.stop_id]
+        kind, payload = self.parse(turn)
+        return ("call", MALFORMED_CALL) if kind == "malformed" else (kind, payload)
 
 
 class SandboxClock:
@@ -69,7 +50,7 @@ class SandboxClock:
 
 
 class ChatToolsEnv:
-    """A ToolsEnv driven by Qwen3CodingChat actions."""
+    """A ToolsEnv driven by CodingToolChat actions."""
 
     def __init__(self, env, clock: SandboxClock):
         self.env, self.clock = env, clock

@@ -33,6 +33,13 @@ def claims_success(answer: str) -> bool:
     return bool(_CLAIM.search(answer)) and not _DOUBT.search(answer)
 
 
+def opening_messages(name: str) -> list[dict]:
+    """The system and user messages an episode on the function `name` opens with."""
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"The function `{name}` in {REPO_ROOT}/{name}.py does not do what its tests in "
+                                        f"{REPO_ROOT}/test_{name}.py expect. Fix it."}]
+
+
 def new_info(task: Task, name: str) -> dict:
     return {"task": task.name, "family": task.family, "name": name, "turns": 0, "calls": [], "kinds": [],
             "failed": {kind: 0 for kind in calls.FAILED_KINDS}, "writes": 0, "edits": 0, "reads": 0,
@@ -63,10 +70,7 @@ class ToolsEnv:
         return f"{self.name}.py"
 
     def reset(self) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": f"The function `{self.name}` in {REPO_ROOT}/{self.source_file} does "
-                                            f"not do what its tests in {REPO_ROOT}/test_{self.source_file} expect. "
-                                            f"Fix it."}]
+        return opening_messages(self.name)
 
     def step(self, tool_call: dict | None, content: str = "") -> str | None:
         """One assistant turn: a tool call (`{"name": ..., "arguments": {...}}`), or None for the final answer."""

@@ -15,8 +15,8 @@ def make(cfg, evaluation: bool = False):
 
 
 def chat_format(tokenizer):
-    from agentrl.env.chat import Qwen3ToolChat
-    return Qwen3ToolChat(tokenizer)
+    from agentrl.env.gym.chat import GymToolChat
+    return GymToolChat(tokenizer)
 
 
 GYM = ENVIRONMENTS.register("gym", EnvironmentSpec(

@@ -1,6 +1,8 @@
-"""The Qwen3 backend (agentrl.backends.qwen3): a wrong model directory is one line naming it before anything is
-loaded; the small Qwen3 made here depends only on the seed, loads back with from_pretrained and the real tokenizer,
-and its KV-cached sampler agrees with the trainer's pass to fp32 rounding. The transformers tests are slow tier."""
+"""The Hugging Face backend (agentrl.backends.hf): a wrong model directory, an unsupported architecture or corrupted
+weights are one line naming them before any compute; the small Qwen3 made here depends only on the seed, loads back
+with from_pretrained and the real tokenizer; its KV-cached sampler, with the prompts' shared prefix computed once,
+agrees with the trainer's pass to fp32 rounding; a Llama (SmolLM2's architecture) goes through the same code. The
+transformers tests are slow tier."""
 import hashlib
 import json
 from pathlib import Path
@@ -8,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.backends.qwen3 import TOKENIZER_FILES, check_model_dir
+from agentrl.backends.hf import TOKENIZER_FILES, check_model_dir
 from agentrl.core.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,33 +29,35 @@ def _model_dir(tmp_path, model_type="qwen3", weights=True, tokenizer=TOKENIZER_F
 
 
 def test_a_missing_directory_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory; expected a Qwen3 model directory"):
-        check_model_dir(tmp_path / "nope")
+    with pytest.raises(ConfigError, match=r"^lab.model: .*nope is not a directory; expected a Hugging Face model"):
+        check_model_dir(tmp_path / "nope", "lab.model")
 
 
 def test_a_directory_without_a_config_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"lab.model: .*config.json is missing or not a JSON model config"):
-        check_model_dir(tmp_path)
+        check_model_dir(tmp_path, "lab.model")
 
 
 def test_a_config_of_another_architecture_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"model_type 'llama'; allowed: 'qwen3'"):
-        check_model_dir(_model_dir(tmp_path, model_type="llama"))
+    with pytest.raises(ConfigError, match=r"model_type 'gpt2'; allowed: 'qwen3', 'llama'"):
+        check_model_dir(_model_dir(tmp_path, model_type="gpt2"), "lab.model")
 
 
 def test_missing_tokenizer_files_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"missing the tokenizer file\(s\) tokenizer_config.json"):
-        check_model_dir(_model_dir(tmp_path, tokenizer=("tokenizer.json",)))
+        check_model_dir(_model_dir(tmp_path, tokenizer=("tokenizer.json",)), "lab.model")
 
 
 def test_missing_weights_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"has no weights"):
-        check_model_dir(_model_dir(tmp_path, weights=False))
+        check_model_dir(_model_dir(tmp_path, weights=False), "lab.model")
 
 
 
 def test_a_complete_directory_passes(tmp_path):
-    assert check_model_dir(_model_dir(tmp_path)) == tmp_path / "m"
+    assert check_model_dir(_model_dir(tmp_path), "lab.model") == tmp_path / "m"
+    (tmp_path / "x").mkdir()
+    assert check_model_dir(_model_dir(tmp_path / "x", model_type="llama"), "lab.model") == tmp_path / "x" / "m"
 
 
 def _makefile_pin(name: str) -> str:
@@ -74,35 +78,73 @@ def test_the_fetched_tokenizer_files_are_the_pinned_ones():
 
 @pytest.fixture(scope="module")
 def small_qwen3(tmp_path_factory):
-    from agentrl.backends.qwen3 import make_small_qwen3
-    return make_small_qwen3(tmp_path_factory.mktemp("q3") / "model", torch.Generator().manual_seed(0), TOKENIZER)
+    from agentrl.backends.hf import make_small_model
+    return make_small_model(tmp_path_factory.mktemp("q3") / "model", torch.Generator().manual_seed(0), TOKENIZER)
 
 
 @pytest.mark.slow
 @needs_tokenizer
 def test_the_small_qwen3_depends_on_the_seed_only_and_loads_back(small_qwen3, tmp_path):
-    from agentrl.backends.qwen3 import load_qwen3, load_tokenizer, make_small_qwen3
+    from agentrl.backends.hf import load_model, load_tokenizer, make_small_model
+    from agentrl.backends.registry import from_description
     desc = small_qwen3.describe()
+    assert desc["backend"] == "hf" and desc["config"]["model_type"] == "qwen3"
     assert desc["config"]["vocab_size"] == 151_936 and desc["config"]["tie_word_embeddings"]
     assert desc["config"]["num_hidden_layers"] == 2 and desc["config"]["hidden_size"] == 64
-    again = make_small_qwen3(tmp_path / "again", torch.Generator().manual_seed(0), TOKENIZER)
-    other = make_small_qwen3(tmp_path / "other", torch.Generator().manual_seed(1), TOKENIZER)
+    again = make_small_model(tmp_path / "again", torch.Generator().manual_seed(0), TOKENIZER)
+    other = make_small_model(tmp_path / "other", torch.Generator().manual_seed(1), TOKENIZER)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), small_qwen3.parameters()))
-    assert not torch.equal(other.lm.model.embed_tokens.weight, small_qwen3.lm.model.embed_tokens.weight)
-    assert type(load_qwen3(tmp_path / "again").lm).__name__ == "Qwen3ForCausalLM"
+    assert not torch.equal(other.lm.get_input_embeddings().weight, small_qwen3.lm.get_input_embeddings().weight)
+    assert type(load_model(tmp_path / "again").lm).__name__ == "Qwen3ForCausalLM"
     assert len(load_tokenizer(tmp_path / "again")) == 151_669
+    rebuilt = from_description(desc)
+    assert type(rebuilt.lm).__name__ == "Qwen3ForCausalLM" and rebuilt.num_params() == small_qwen3.num_params()
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_corrupted_weights_are_one_line_naming_the_file(small_qwen3, tmp_path):
+    import shutil
+
+    from agentrl.backends.hf import load_model
+    from agentrl.core.artifacts import CheckpointError
+    shutil.copytree(small_qwen3_dir(small_qwen3), tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match=r"^lab.model: .*model.safetensors cannot be loaded"):
+        load_model(tmp_path / "m", "lab.model")
+
+
+def small_qwen3_dir(model) -> Path:
+    return Path(model.lm.name_or_path)
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_a_llama_goes_through_the_same_backend(tmp_path):
+    """SmolLM2's architecture, small: made, saved, loaded back as LlamaForCausalLM, sampled with a shared prefix."""
+    from agentrl.backends.hf import make_small_model
+    model = make_small_model(tmp_path / "llama", torch.Generator().manual_seed(0), TOKENIZER, model_type="llama")
+    assert type(model.lm).__name__ == "LlamaForCausalLM" and model.model_type == "llama"
+    check_sampler_against_trainer(model, shared=20)
 
 
 @pytest.mark.slow
 @needs_tokenizer
 def test_the_cached_sampler_agrees_with_the_trainers_pass(small_qwen3):
     """Rows of different prompt lengths, one of which stops early: every sampled token's log-prob equals the
-    trainer's full pass (LM head at those positions only) within 1e-5 nats."""
+    trainer's full pass (LM head at those positions only) within 1e-5 nats; without a shared prefix, and with one
+    of 20 tokens (computed once for the batch)."""
+    check_sampler_against_trainer(small_qwen3, shared=0)
+    sampler = check_sampler_against_trainer(small_qwen3, shared=20)
+    assert sampler.prefix_tokens == 20
+
+
+def check_sampler_against_trainer(model, shared: int):
     from agentrl.model.packing import pad_rows
     pad = 151643
-    prompts = [list(range(1000, 1000 + n)) for n in (7, 19, 12)]
+    prompts = [list(range(500, 500 + shared)) + list(range(1000 + 7 * n, 1000 + 8 * n)) for n in (7, 19, 12)]
     g = torch.Generator().manual_seed(3)
-    sampler = small_qwen3.sampler(pad)
+    sampler = model.sampler(pad)
     logits = sampler.append(prompts)
     seqs, lps = [list(p) for p in prompts], [[] for _ in prompts]
     active = torch.ones(3, dtype=torch.bool)
@@ -124,9 +166,10 @@ def test_the_cached_sampler_agrees_with_the_trainers_pass(small_qwen3):
     for r, p in enumerate(prompts):
         at[r, len(p) - 1:len(p) - 1 + len(lps[r])] = True
     with torch.no_grad():
-        full = small_qwen3.log_probs(ids, at)[0]
+        full = model.log_probs(ids, at)[0]
     sampled = torch.zeros_like(full)
     for r, p in enumerate(prompts):
         sampled[r, len(p) - 1:len(p) - 1 + len(lps[r])] = torch.tensor(lps[r])
     assert float(((full - sampled).abs() * at).max()) < 1e-5
     assert float(full[~at].abs().max()) == 0.0   # the LM head ran at the marked positions only
+    return sampler

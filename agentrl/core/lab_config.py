@@ -1,0 +1,92 @@
+"""The lab section of params.yaml (docs/labs.md): the real-model labs, each an entry of `lab.configs` validated as
+a `LabRun`, outside the default pipeline unless `lab.runs` names it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from agentrl.core.knobs import ConfigError, Section, knob
+
+
+def _int(default, doc="", lo=None, **kw):
+    return knob(default, int, doc, lo=lo, **kw)
+
+
+DEVICES = ("cpu", "cuda")
+LAB_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+@dataclass(frozen=True)
+class LabRun(Section):
+    """One real-model lab (docs/labs.md), an entry of lab.configs: its environment, model, cold start and GRPO."""
+    environment: str = knob("gym", str, "a registered environment (agentrl.env.registry): gym or coding")
+    model: str | None = knob(None, str, "a Hugging Face model directory (Qwen3 or Llama: config.json, weights, "
+                             "tokenizer files); null: a small random-init Qwen3 written here with save_pretrained",
+                             nullable=True)
+    hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8)
+    layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1)
+    demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=0)
+    clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps (0: none)", lo=0)
+    clone_lr: float = knob(3e-3, float, "cold start: Adam learning rate", lo=0.0, lo_open=True)
+    clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1)
+    steps: int = _int(25, "GRPO steps", lo=1)
+    tasks_per_step: int = _int(4, "GRPO: tasks per step", lo=1)
+    episodes_per_task: int = _int(8, "GRPO: episodes per task (the group)", lo=2)
+    lr: float = knob(4e-4, float, "GRPO: Adam learning rate", lo=0.0, lo_open=True)
+    microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1)
+    new_tokens: int = _int(24, "new tokens per turn: a turn without its end-of-turn token is cut off after this many",
+                           lo=3)
+    max_turns: int = _int(6, "turns per episode", lo=1)
+    eval_per_task: int = _int(8, "held-out episodes per task at each evaluation", lo=1)
+    probe_group: int = _int(4, "episodes per group of the preflight's two groups (its float64 references hold "
+                            "[policy tokens, vocabulary] log-softmaxes)", lo=2)
+
+    def check(self):
+        if self.demos_per_task == 0 and self.clone_steps > 0:
+            raise ConfigError("LabRun.clone_steps: a cold start needs demonstrations (demos_per_task > 0); set "
+                              "clone_steps: 0 for none")
+
+
+# the committed labs: the small random-init Qwen3 on the gym's tools (menu) and on the generic coding tools (tools)
+LAB_CONFIGS = {
+    "menu": {},
+    "tools": {"environment": "coding", "new_tokens": 72, "clone_steps": 150, "steps": 8, "episodes_per_task": 4,
+              "probe_group": 2},
+}
+
+
+def lab_run(name: str, spec) -> LabRun:
+    """The LabRun of lab.configs.<name>; a bad name or value is a ConfigError naming lab.configs.<name>.<key>."""
+    if not isinstance(name, str) or not LAB_NAME.fullmatch(name):
+        raise ConfigError(f"LabConfig.configs: {name!r}: a lab name is letters, digits and _ (it names a DVC stage)")
+    where = f"LabConfig.configs.{name}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a mapping of LabRun keys, got {spec!r}")
+    unknown = sorted((k for k in spec if k not in {f.name for f in fields(LabRun)}), key=str)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(f.name for f in fields(LabRun))}")
+    try:
+        return LabRun(**spec)
+    except ConfigError as exc:
+        field_, rest = str(exc).split(":", 1)
+        raise ConfigError(f"{where}.{field_.split('.', 1)[-1]}:{rest}") from None
+
+
+@dataclass(frozen=True)
+class LabConfig(Section):
+    """The real-model labs (docs/labs.md): outside the default pipeline (runs is empty by default)."""
+    runs: list = knob([], list, "the labs the lab stage runs, names of configs (empty: not in the default pipeline)",
+                      item=str, unique=True)
+    device: str = knob("cpu", str, "where the model and every tensor live", choices=DEVICES)
+    eval_batch: int = _int(40, "held-out episodes sampled together", lo=1)
+    configs: dict = knob(LAB_CONFIGS, dict, "lab name -> its LabRun keys (the rest take LabRun's defaults); add one "
+                         "with dvc exp run -S '+lab.configs.<name>={model: DIR}'", nonempty=True)
+
+    def check(self):
+        for name, spec in self.configs.items():
+            lab_run(name, spec)
+        missing = [r for r in self.runs if r not in self.configs]
+        if missing:
+            raise ConfigError(f"LabConfig.runs: unknown value {missing[0]!r}; allowed: {', '.join(self.configs)}")
+
+
