@@ -1,4 +1,4 @@
-"""python -m agentrl {check, envcheck, bench, audit, replay, study, research, sweep, compare-reports, deps}.
+"""python -m agentrl {check, envcheck, bench, labcheck, audit, replay, study, research, sweep, compare-reports, deps}.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
@@ -241,6 +241,24 @@ def cmd_bench(args) -> int:
     return BENCHES.get(args.backend)(args, Verb)
 
 
+def cmd_labcheck(args) -> int:
+    """A backend proven on a device: cold start, the nine invariants and two GRPO steps (agentrl.labs.check)."""
+    import json
+
+    from agentrl.labs.check import labcheck
+    set_threads(args.threads)
+    out = labcheck(args.device, args.model, log=(lambda *_: None) if args.json else print)
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        memory = f"peak memory {out['peak_memory_mib']:.0f} MiB resident"
+        if out["peak_device_memory_mib"] is not None:
+            memory += f", {out['peak_device_memory_mib']:.0f} MiB on {out['device']}"
+        print(f"labcheck: {'PASS' if out['passed'] else 'FAIL'} on {out['device']} in {out['seconds']:.0f} s "
+              f"({memory})")
+    return 0 if out["passed"] else 1
+
+
 def cmd_audit(args) -> int:
     from agentrl.tracking.audit import main
     return main(args.spec, args.json)
@@ -337,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rows", type=_int_at_least(1), default=64, help="qwen3: prompts sampled together")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="qwen3: new tokens per prompt")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="qwen3: rows of the measured update")
+    lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
+                                         "invariants and two GRPO steps, then a verdict (a few minutes)")
+    lc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    lc.add_argument("--model", help="a Qwen3 or Llama model directory (default: a small random-init Qwen3)")
+    lc.add_argument("--threads", type=_int_at_least(1), default=2)
+    lc.add_argument("--json", action="store_true", help="the result as one JSON line")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")
@@ -355,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--address", help="join a running Ray cluster (default: $RAY_ADDRESS, else a local Ray started "
                                      "and stopped by the command)")
     w.add_argument("--max-parallel", type=_int_at_least(1), help="at most this many instances at once")
-    for verb in (e, c, b, r, q):
+    for verb in (e, c, b, r, q, lc):
         verb.add_argument("--numerics", choices=["portable", "native"],
                           help="CPU numerics for this verb (default: params.yaml run.numerics, else portable)")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
@@ -381,5 +405,5 @@ def _main(argv) -> int:
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
-             "research": cmd_research, "sweep": cmd_sweep}
+             "research": cmd_research, "sweep": cmd_sweep, "labcheck": cmd_labcheck}
     return verbs[args.cmd](args)

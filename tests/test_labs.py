@@ -235,3 +235,47 @@ def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made
     with pytest.raises(ConfigError, match=r"^lab.device: cuda, but torch sees no CUDA device") as err:
         run_lab("menu", params, tmp_path / "out", tmp_path / "model")
     assert "\n" not in str(err.value) and not (tmp_path / "model").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_labcheck_on_the_cpu_passes_and_reports_its_memory():
+    """`labcheck --device cpu`: the command a GPU machine runs with --device cuda (one cold-start step, the nine
+    invariants, two GRPO steps)."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "agentrl", "labcheck", "--device", "cpu", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["passed"] and result["grpo_steps"] == 2 and result["device"] == "cpu"
+    assert all(c["passed"] for c in result["invariants"].values()) and len(result["invariants"]) == 9
+    assert result["peak_memory_mib"] > 0 and result["peak_device_memory_mib"] is None
+
+
+def test_every_random_draw_is_made_on_its_generators_device(monkeypatch):
+    """The draws a lab makes go to the generator's device, whatever the default device: a CUDA run's CPU
+    generators never meet a CUDA tensor (here the default device is faked by a spy on every draw's device)."""
+    from agentrl.env.gym.environment import randomize_names
+    from agentrl.model.logprobs import draw
+    from agentrl.rl.rollout import choose_tasks, choose_weighted_tasks
+    seen = []
+    real = {name: getattr(torch, name) for name in ("randint", "randperm", "multinomial")}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            gen = kwargs.get("generator")
+            dev = kwargs.get("device", next((a.device for a in args if torch.is_tensor(a)), None))
+            seen.append((name, str(dev), str(gen.device)))
+            return real[name](*args, **kwargs)
+        return call
+    for name in real:
+        monkeypatch.setattr(torch, name, spy(name))
+    g = torch.Generator().manual_seed(0)
+    randomize_names(g)
+    choose_tasks(list(range(5)), 3, g)
+    choose_weighted_tasks(list(range(5)), 3, [1.0] * 5, g)
+    draw(torch.randn(2, 8), g)
+    assert {n for n, _, _ in seen} == {"randint", "randperm", "multinomial"}
+    assert all(dev == gen for _, dev, gen in seen), seen

@@ -39,7 +39,8 @@ def draw(logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor
     one uniform per row: multinomial's one-sample path draws an exponential for every vocabulary entry (measured
     33 ms per call on [16, 151936], two thirds of the lab's sampling time)."""
     if logits.shape[-1] <= FUSED_LOG_SOFTMAX_MAX_VOCAB:
-        token = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+        probs = F.softmax(logits, dim=-1).to(generator.device)   # drawn where the generator lives (a GPU run's too)
+        token = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logits.device)
         return token, log_softmax(logits).gather(1, token[:, None]).squeeze(1)
     z = logits.double()
     z = z - z.max(-1, keepdim=True).values

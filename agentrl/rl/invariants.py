@@ -90,7 +90,7 @@ def failed_checks(results: dict) -> set[int]:
 def probe_offsets(shape, salt: int) -> torch.Tensor:
     """A fixed pattern of log-prob offsets in (-PROBE_SHIFT, PROBE_SHIFT), the same for the same shape and salt."""
     g = torch.Generator().manual_seed(salt)
-    return (torch.rand(shape, generator=g) * 2 - 1) * PROBE_SHIFT
+    return ((torch.rand(shape, generator=g, device=g.device) * 2 - 1) * PROBE_SHIFT).to(torch.get_default_device())
 
 
 def probe_config(cfg: RLConfig) -> RLConfig:

@@ -137,7 +137,7 @@ def choose_tasks(tasks: list, n: int, generator: torch.Generator) -> list:
         raise ValueError("tasks: expected at least one task to sample from, got none")
     order = []
     while len(order) < n:
-        order += torch.randperm(len(tasks), generator=generator).tolist()
+        order += torch.randperm(len(tasks), generator=generator, device=generator.device).tolist()
     return [tasks[i] for i in order[:n]]
 
 
@@ -146,7 +146,7 @@ def choose_weighted_tasks(tasks: list, n: int, weights: list[float], generator: 
     exceeds the pool)."""
     if not tasks:
         raise ValueError("tasks: expected at least one task to sample from, got none")
-    w = torch.tensor(weights, dtype=torch.float64)
+    w = torch.tensor(weights, dtype=torch.float64, device=generator.device)
     order = []
     while len(order) < n:
         order += torch.multinomial(w, len(tasks), replacement=False, generator=generator).tolist()

@@ -44,7 +44,7 @@ def play_demo(env, caller, tok, generator: torch.Generator) -> Demo:
     obs = None
     while not env.done:
         dist = caller.distribution(obs)
-        probs = torch.tensor(caller.coverage(dist), dtype=torch.float64)
+        probs = torch.tensor(caller.coverage(dist), dtype=torch.float64, device=generator.device)
         call = dist[int(torch.multinomial(probs, 1, generator=generator))][1]
         for k in range(len(call)):
             cond: dict[int, float] = defaultdict(float)
@@ -120,7 +120,8 @@ def train_sft(model, demos: list, tok, steps: int, lr: float, batch_size: int | 
     losses = []
     for _ in range(steps):
         chosen = demos if batch_size is None else \
-            [demos[i] for i in torch.randint(len(demos), (batch_size,), generator=generator).tolist()]
+            [demos[i] for i in torch.randint(len(demos), (batch_size,), generator=generator,
+                                             device=generator.device).tolist()]
         trajs = [d.traj if isinstance(d, Demo) else d for d in chosen]
         batch = collate(trajs, tok.pad_id)
         targets = weights = None
@@ -230,7 +231,7 @@ def filler_operands(task, episode_name: str, generator: torch.Generator) -> dict
     function name), so that which identifiers a source uses carries no information about its family."""
     names = sorted(operand_names(task.source, task.func))
     pool = [n for n in NAME_POOL if n != episode_name]
-    picks = torch.randperm(len(pool), generator=generator)[:len(names)].tolist()
+    picks = torch.randperm(len(pool), generator=generator, device=generator.device)[:len(names)].tolist()
     return {old: pool[i] for old, i in zip(names, picks)}
 
 
@@ -240,7 +241,7 @@ def mixture_demos(tasks: list, tok, cfg: BaseConfig, generator: torch.Generator,
     for task in tasks:
         for _ in range(cfg.demos_per_task):
             env = factory(task, generator)
-            if float(torch.rand((), generator=generator)) < cfg.p_rename_operands:
+            if float(torch.rand((), generator=generator, device=generator.device)) < cfg.p_rename_operands:
                 env.operands = filler_operands(task, env.name, generator)
             demos.append(play_demo(env, MixtureCaller(cfg), tok, generator))
     return demos

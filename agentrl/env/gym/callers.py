@@ -24,7 +24,8 @@ class RandomCaller:
         self.generator = generator
 
     def __call__(self, obs: list[str] | None) -> list[str]:
-        return list(ALL_CALLS[int(torch.randint(len(ALL_CALLS), (1,), generator=self.generator))])
+        g = self.generator
+        return list(ALL_CALLS[int(torch.randint(len(ALL_CALLS), (1,), generator=g, device=g.device))])
 
 
 class ExpertCaller:

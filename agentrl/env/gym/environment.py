@@ -163,7 +163,7 @@ def constants(source: str) -> set[str]:
 
 def randomize_names(generator: torch.Generator) -> str:
     """An episode's function name, drawn from a pool of unrelated words."""
-    return NAME_POOL[int(torch.randint(len(NAME_POOL), (1,), generator=generator))]
+    return NAME_POOL[int(torch.randint(len(NAME_POOL), (1,), generator=generator, device=generator.device))]
 
 
 @dataclass
