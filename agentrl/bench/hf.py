@@ -1,14 +1,19 @@
-"""`python -m agentrl bench --backend qwen3`: the Qwen3 backend's sampler and update, measured side by side.
+"""`python -m agentrl bench --backend hf [--model DIR]`: the Hugging Face backend's sampler and update, measured side
+by side.
 
 - Sampling: the rollout's own token loop (agentrl.rl.rollout._sample_calls on the backend's KV-cached sampler)
   against plain `transformers` `generate` (temperature 1, top-k and top-p off) on the same prompts, each asked for
   exactly the same number of new tokens; alternating order, median seconds per new token.
+  The backend computes the prompts' shared prefix (the system prompt with the tools) once per batch.
+- Update: one forward and backward with the LM head on policy positions, its achieved GFLOP/s (agentrl's count of
+  the decoder's operations) over a same-run float32 GEMM of the model's shapes.
 - Memory: one update's forward and backward on the same demonstrations with the LM head on policy positions only
   (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh process, its peak resident
   set above the resident set it had before the update.
 
 The model is a small random-init Qwen3 made from the seed (speed and memory do not depend on what it has learned),
-or a user's Qwen3 directory (--model). Absolute figures depend on the machine; the ratios are the result.
+or a user's model directory (--model: Qwen3 or Llama). Absolute figures depend on the machine; the ratios are the
+result.
 """
 from __future__ import annotations
 
@@ -125,6 +130,63 @@ def update_memory(model, chat, variant: str, rows: int) -> dict:
             "peak_above_mib": (peak - before) / 1024, "peak_mib": peak / 1024, "seconds": seconds}
 
 
+def update_flops(config, rows: int, width: int, policy_tokens: int) -> float:
+    """Floating-point operations of one forward and backward (backward = 2 x forward) of a decoder over rows x width
+    tokens with the LM head at policy_tokens positions: 2 per weight per token in the projections and MLP, the
+    attention scores and mixing (2 x 2 x width^2 x heads x head_dim per row and layer, causal: half), the LM head."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    per_layer = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * config.intermediate_size
+    tokens = rows * width
+    forward = 2 * per_layer * layers * tokens + layers * rows * 2 * width * width * heads * head_dim
+    forward += 2 * config.vocab_size * h * policy_tokens
+    return 3.0 * forward
+
+
+def gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """A float32 matrix product of the model's shapes ([m, k] @ [k, n]), median GFLOP/s."""
+    import torch
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def update_throughput(model, chat, rows: int, repeats: int = 3) -> dict:
+    """One update's forward and backward (LM head on policy positions) on `rows` expert demonstrations, median
+    seconds, its achieved GFLOP/s, and a same-run GEMM of the model's shapes (tokens x hidden @ hidden x
+    intermediate) for the ratio."""
+    import torch
+
+    from agentrl.env.gym.environment import make_env_factory
+    from agentrl.env.tasks import make_tasks
+    from agentrl.rl.rollout import collate
+    from agentrl.starting.chat import expert_demo
+    tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
+    batch = collate([expert_demo(factory(tasks[i % len(tasks)], gen), chat) for i in range(rows)], chat.pad_id)
+    ids, mask = batch["ids"], batch["action_mask"]
+    times = []
+    for i in range(repeats + 1):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        logp, _ = model.log_probs(ids, mask > 0)
+        (-(logp * mask).sum() / mask.sum()).backward()
+        if i:
+            times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    config = model.lm.config
+    flops = update_flops(config, rows, int(ids.shape[1]), int(mask.sum()))
+    gemm = gemm_gflops(ids.numel(), config.hidden_size, config.intermediate_size)
+    achieved = flops / seconds / 1e9
+    return {"rows": rows, "width": int(ids.shape[1]), "policy_tokens": int(mask.sum()), "seconds": seconds,
+            "gflop": flops / 1e9, "achieved_gflops": achieved, "gemm_gflops": gemm, "ratio": achieved / gemm}
+
+
 def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int) -> dict:
     """update_memory in a fresh process (ru_maxrss is a process's lifetime peak)."""
     cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows), str(threads),
@@ -135,7 +197,7 @@ def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_qwen3_bench(args, hidden: int = 64, layers: int = 2) -> int:
+def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
     import torch
 
     from agentrl.core.numerics import cpu_info
@@ -144,12 +206,16 @@ def run_qwen3_bench(args, hidden: int = 64, layers: int = 2) -> int:
     model, chat = small_or_given(args.model, hidden, layers)
     model.eval()
     cpu = cpu_info()
-    print(f"bench qwen3: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
+    print(f"bench hf: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
           f"{threads} thread(s), {cpu['vendor']} {cpu['model']}")
     s = compare_sampling(model, chat, args.rows, args.new_tokens, args.steps)
     print(f"  sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new tokens each "
           f"(median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new token, "
           f"plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
+    u = update_throughput(model, chat, args.memory_rows, max(args.steps, 1))
+    print(f"  update, {u['rows']} rows of {u['width']} tokens ({u['policy_tokens']} policy tokens), forward + "
+          f"backward: {u['seconds']:.2f} s, {u['gflop']:.1f} GFLOP, {u['achieved_gflops']:.1f} GFLOP/s against a "
+          f"same-run GEMM of the model's shapes at {u['gemm_gflops']:.1f} GFLOP/s: x{u['ratio']:.2f}")
     mem = {v: child_memory(v, args.model, hidden, layers, args.memory_rows, threads) for v in ("policy", "full")}
     p, f = mem["policy"], mem["full"]
     print(f"  update memory, {p['rows']} rows of {p['width']} tokens ({p['policy_tokens']} policy tokens), forward "
@@ -157,7 +223,7 @@ def run_qwen3_bench(args, hidden: int = 64, layers: int = 2) -> int:
           f"({p['seconds']:.2f} s), full logits {f['peak_above_mib']:.0f} MiB ({f['seconds']:.2f} s): "
           f"x{f['peak_above_mib'] / max(p['peak_above_mib'], 1):.1f}")
     if args.json:
-        print(json.dumps({"sampling": s, "memory": mem, "threads": threads,
+        print(json.dumps({"sampling": s, "update": u, "memory": mem, "threads": threads,
                           "cpu": {"vendor": cpu["vendor"], "model": cpu["model"]}}))
     return 0
 
@@ -177,4 +243,4 @@ if __name__ == "__main__":   # the memory child: variant hidden layers rows thre
 @BENCHES.register("hf")
 def bench_hf(args, verb) -> int:
     verb.set_threads(max(args.threads))
-    return run_qwen3_bench(args)
+    return run_hf_bench(args)
