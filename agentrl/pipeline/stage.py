@@ -51,12 +51,13 @@ def read_keys(values: dict, keys: list[str]) -> dict:
 
 
 def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
-              params_path: str = "params.yaml", only: dict | None = None) -> None:
+              params_path: str = "params.yaml", only: dict | None = None, sources: dict | None = None) -> None:
     """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
-    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). Returns on success;
+    generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). `sources` says where
+    inputs came from (input -> package, version, hashes), recorded in provenance and MLflow. Returns on success;
     raises SystemExit with the boundary's exit code otherwise."""
-    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only)
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources)
 
 
 def entry(name: str, fn, *args) -> None:
@@ -67,7 +68,7 @@ def entry(name: str, fn, *args) -> None:
         sys.exit(code)
 
 
-def _run_stage(name, sections, inputs, body, numeric, params_path, only) -> None:
+def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None) -> None:
     from agentrl.core.config import load_params
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
     params = load_params(wanted, params_path)
@@ -84,5 +85,6 @@ def _run_stage(name, sections, inputs, body, numeric, params_path, only) -> None
     for section, keys in (only or {}).items():
         logged[section] = read_keys(logged[section], keys)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
-    with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads, machine=machine) as run:
+    with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads, machine=machine,
+                   sources=sources) as run:
         body(StageContext(name, params, run))

@@ -233,11 +233,14 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] = (), threads: int | None = 1,
-                     root: Path | str | None = None, machine: Mapping | None = None) -> dict:
+                     root: Path | str | None = None, machine: Mapping | None = None,
+                     sources: Mapping | None = None) -> dict:
     """The content record of a stage run and its fingerprint. Hashes every input first, so a missing artifact
     fails here, before any run is created or output written. `machine` (agentrl.core.numerics.machine_class) is
     recorded whole; the fingerprint covers only the part of it that decides bits (numerics.bits_identity), so under
-    portable numerics the same stage on another CPU has the same fingerprint."""
+    portable numerics the same stage on another CPU has the same fingerprint. `sources` says where an input came
+    from (input path -> e.g. the registry package, its version and hashes of pinned pretrained weights); the input's
+    own hash is what the fingerprint covers."""
     if not isinstance(stage, str) or not stage:
         raise ProvenanceError(f"stage must be a non-empty string, got {stage!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -253,6 +256,8 @@ def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] =
     files = stage_code_files(stage, root)
     record = {"stage": stage, "params": dict(sorted(flat.items())), "threads": threads, "versions": versions(),
               "code_files": files, "code_hash": code_hash(files, root), "inputs": dict(sorted(hashes.items()))}
+    if sources:
+        record["sources"] = plain(dict(sources))
     if machine is not None:
         from agentrl.core.numerics import bits_identity
         record["machine"] = plain(dict(machine))

@@ -237,13 +237,15 @@ def write_index(directory: Path) -> None:
 
 @contextlib.contextmanager
 def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads: int | None,
-              experiment: str = DEFAULT_EXPERIMENT, machine: Mapping | None = None):
+              experiment: str = DEFAULT_EXPERIMENT, machine: Mapping | None = None, sources: Mapping | None = None):
     """Open exactly one MLflow run for a stage run and yield a `StageRun` (see the module doc). `machine` is the
-    machine class the stage's numerics ran on (agentrl.core.numerics.machine_class; None without tensor work)."""
+    machine class the stage's numerics ran on (agentrl.core.numerics.machine_class; None without tensor work);
+    `sources` where inputs came from (recorded in provenance, logged as params source.<input>.<field>)."""
     from mlflow.entities import Param
     work, root = work_root(), project_root()
     uri = tracking_uri(root)
-    record = build_provenance(stage, params, inputs, threads, root=work, machine=machine)  # before any run exists
+    record = build_provenance(stage, params, inputs, threads, root=work, machine=machine,   # before any run exists
+                              sources=sources)
     if os.environ.get(DEFER_ENV):
         client, exp_id, orphans = Recorder(os.environ[DEFER_ENV]), None, []
     else:
@@ -259,7 +261,8 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
     status, clean = "FAILED", False
     try:
         with signals_as_exceptions():   # SIGTERM closes the run KILLED, like Ctrl-C
-            logged = {**record["params"], **({"run.threads": threads} if threads is not None else {})}
+            logged = {**record["params"], **({"run.threads": threads} if threads is not None else {}),
+                      **flatten_params({"source": record.get("sources") or {}})}
             items = [Param(_key(k), _value_text(v, MAX_PARAM_VALUE)) for k, v in sorted(logged.items())]
             for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
                 _retry(client.log_batch, handle.run_id, params=chunk)
