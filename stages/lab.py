@@ -51,7 +51,9 @@ def main(name: str | None = None):
               f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
               f"in {record['wall_s']:.0f} s")
 
-    run_stage(f"lab@{name}", SECTIONS, [], body, only={"lab": ["device", "eval_batch", f"configs.{name}"]})
+    spec = (read_params_file("params.yaml").get("lab") or {}).get("configs", LAB_CONFIGS).get(name, {})
+    run_stage(f"lab@{name}", SECTIONS, [], body, only={"lab": ["device", "eval_batch", f"configs.{name}"]},
+              numerics=spec.get("numerics") if isinstance(spec, dict) else None)
 
 
 if __name__ == "__main__":

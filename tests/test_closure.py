@@ -96,3 +96,29 @@ def test_dvc_status_and_audit_name_the_backend(tmp_path):
                             "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert audit.returncode in (0, 1), audit.stderr
     assert BACKEND in json.loads(audit.stdout)["code"]
+
+
+def test_a_registry_made_with_its_module_is_an_import_of_that_module(tmp_path):
+    """Registry(kind, field, module) imports `module` when a knob is validated: the closure follows it, whether
+    the module is a literal or a module-level name (fault injection: without the edge the file is missing)."""
+    from agentrl.tracking.closure import code_closure
+    (tmp_path / "agentrl" / "core").mkdir(parents=True)
+    (tmp_path / "stages").mkdir()
+    for f in ("agentrl/__init__.py", "agentrl/core/__init__.py", "agentrl/variants.py", "agentrl/other.py"):
+        (tmp_path / f).write_text("")
+    (tmp_path / "agentrl/core/knobs.py").write_text(
+        'MOD = "agentrl.variants"\nA = Registry("a", "x.a", MOD)\nB = Registry("b", "x.b", module="agentrl.other")\n')
+    (tmp_path / "stages/s.py").write_text("from agentrl.core import knobs\n")
+    files = code_closure("stages/s.py", tmp_path)
+    assert {"agentrl/variants.py", "agentrl/other.py", "agentrl/core/knobs.py"} <= set(files)
+    (tmp_path / "agentrl/core/knobs.py").write_text('A = "agentrl.variants"\n')
+    assert "agentrl/variants.py" not in code_closure("stages/s.py", tmp_path)
+
+
+def test_every_stage_closure_has_the_modules_its_params_validation_loads():
+    from agentrl.core import config
+    from agentrl.tracking.closure import code_closure
+    modules = {r.module for r in vars(config).values() if isinstance(r, config.Registry) and r.module}
+    assert "agentrl.rl.objectives" in modules
+    files = set(code_closure("stages/ablate_summary.py", REPO))
+    assert {m.replace(".", "/") + ".py" for m in modules} <= files

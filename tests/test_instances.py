@@ -42,6 +42,7 @@ def test_a_name_that_is_no_instance_is_one_line(params, monkeypatch, stage_name,
 
 
 @pytest.mark.parametrize("arms,seeds,fragment", [({"x;touch pwned;true": {}}, [0], "an arm name is letters"),
+                                                 ({"nl\n": {}}, [0], "an arm name is letters"),
                                                  ({"default": {}}, ["0;touch pwned"], "ablate.seeds: expected"),
                                                  ({"default": {}}, [2**64], "ablate.seeds: expected")])
 def test_unsafe_names_and_seeds_are_refused_before_matching(params, monkeypatch, arms, seeds, fragment):

@@ -109,3 +109,42 @@ def test_the_fingerprint_covers_what_decides_bits_only():
     native = [fingerprint({**record, "numerics": numerics.bits_identity({**m, "mode": "native"})})
               for m in (amd, intel)]
     assert native[0] != native[1] and native[0] != same[0]
+
+
+def test_a_native_child_of_a_portable_parent_runs_the_cpus_own_kernels(tmp_path):
+    """pin("native") undoes what a portable parent pinned: the child dispatches the CPU's best ISA, its record says
+    native, and the outside values the parent replaced come back (unset where there were none)."""
+    import json
+    repo = repr(str(Path(__file__).parents[1]))
+    child = (f"import sys; sys.path.insert(0, {repo})\n"
+             "from agentrl.core import numerics\n"
+             "numerics.pin('native')\n"
+             "import json, os, torch\n"
+             "print(json.dumps({'isa': torch.backends.cpu.get_cpu_capability(),\n"
+             "                  'mode': os.environ['AGENTRL_NUMERICS'],\n"
+             "                  'env': {k: os.environ.get(k) for k in numerics.PORTABLE_ENV}}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_ENV and k != numerics.OUTSIDE_ENV}
+    env["OMP_DYNAMIC"] = "TRUE"   # an outside value the portable pin replaces and native must give back
+    parent = (f"import os, subprocess, sys\nsys.path.insert(0, {repo})\nfrom agentrl.core import numerics\n"
+              "numerics.pin('portable')\nassert os.environ['MKL_CBWR'] == 'COMPATIBLE'\n"
+              f"sys.stdout.write(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True,"
+              " check=True).stdout)\n")
+    out = json.loads(subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True,
+                                    check=True).stdout)
+    best = "AVX512" if numerics.cpu_info()["avx512"] else "AVX2"
+    assert out["isa"] == best and out["mode"] == "native"
+    assert out["env"] == {k: ("TRUE" if k == "OMP_DYNAMIC" else None) for k in numerics.PORTABLE_ENV}
+
+
+def test_a_lab_runs_under_its_own_numerics_and_every_other_stage_under_run_numerics(monkeypatch):
+    params = {"run": {"numerics": "portable"}, "lab": {"configs": {"smol": {"numerics": "native"}, "menu": {}}}}
+    assert numerics.stage_mode(params, "lab", "smol") == "native"
+    assert numerics.stage_mode(params, "lab", "menu") == "portable"
+    assert numerics.stage_mode(params, "train", None) == "portable"
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab", "--lab", "smol"])
+    assert numerics.running_stage() == ("lab", "smol")
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab"])
+    monkeypatch.setenv("DVC_STAGE", "lab@menu")
+    assert numerics.running_stage() == ("lab", "menu")
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])
+    assert numerics.running_stage() == (None, None)

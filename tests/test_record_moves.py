@@ -42,8 +42,8 @@ def test_artifacts_are_found_after_the_checkout_moves(tmp_path, store_template):
     root = _make_probe_project(tmp_path)
     shutil.copy(store_template, root / "mlflow.db")   # the default store: sqlite:///mlflow.db at the root
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "DVC_ROOT": str(root), "HOME": str(tmp_path)}
-    (root / "pipeline/stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
-    out = subprocess.run([sys.executable, "pipeline/stage.py"], cwd=root, env=env, capture_output=True, text=True,
+    (root / "stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
+    out = subprocess.run([sys.executable, "stage.py"], cwd=root, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     run_id = out.stdout.split()[-1]

@@ -103,8 +103,8 @@ def test_a_stage_on_an_unusable_store_is_one_line_within_10_s(tmp_path, store_te
                   f"time.sleep(20)\" >/dev/null 2>&1 &) && while [ ! -e {tmp_path}/held ]; do sleep 0.1; done")
     elif case == "file-uri":
         uri = f"file://{mnt}/mlruns"
-    (tmp_path / "pipeline/stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
-    cmd = f"{setup} && MLFLOW_TRACKING_URI='{uri}' {sys.executable} {tmp_path}/pipeline/stage.py"
+    (tmp_path / "stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
+    cmd = f"{setup} && MLFLOW_TRACKING_URI='{uri}' {sys.executable} {tmp_path}/stage.py"
     t0 = time.time()
     out = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], cwd=root, capture_output=True, text=True, timeout=120)
     elapsed = time.time() - t0

@@ -10,8 +10,9 @@ imported and every load is `local_files_only`.
   chunk appends the same number of slots to every row, a row with nothing to add at a slot leaving it masked
   (attention mask 0) with positions counted per row, so episodes at different points of their turns advance
   together; finished rows leave with `keep`. The LM head runs only after each row's last valid slot.
-- Training: one full causal pass of the decoder over right-padded rows (queries never see later keys, so padding
-  needs no mask), then the LM head only at the positions `at` marks: never [B, T, vocab] logits.
+- Training: one causal pass of the decoder over right-padded rows (queries never see later keys, so padding needs
+  no mask), the rows' common prefix computed once with gradients through it, then the LM head only at the
+  positions `at` marks: never [B, T, vocab] logits.
 - `make_small_model`: a small random-init model of an architecture with a real vocabulary, initialised from an
   explicit generator and written with `save_pretrained` beside the tokenizer files.
 """
@@ -114,8 +115,21 @@ class HFPolicy(nn.Module):
         return HFSampler(self, pad_id)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """The decoder's last hidden state [B, T, D] of right-padded rows (one full causal pass, no cache)."""
-        return self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+        """The decoder's last hidden state [B, T, D] of right-padded rows. The rows' common prefix (the shared
+        system prompt), when at least MIN_SHARED_PREFIX tokens long, is computed once: one row's pass over it, its
+        keys and values repeated for every row, then the rest of every row on top, gradients flowing through the
+        shared pass (an exact shortcut: the same function of the same ids, the rows' gradients summed there)."""
+        B, T = ids.shape
+        n = common_prefix(ids)
+        if B < 2 or n < MIN_SHARED_PREFIX:
+            return self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+        cache = transformers().DynamicCache(config=self.lm.config)
+        head = self.decoder(input_ids=ids[:1, :n], past_key_values=cache, use_cache=True).last_hidden_state
+        cache.batch_repeat_interleave(B)
+        positions = torch.arange(n, T, device=ids.device)[None].expand(B, -1)
+        rest = self.decoder(input_ids=ids[:, n:], past_key_values=cache, position_ids=positions,
+                            use_cache=True).last_hidden_state
+        return torch.cat([head.expand(B, -1, -1), rest], 1)
 
     def logits(self, ids: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         h = self.hidden(ids)
@@ -148,6 +162,13 @@ class HFPolicy(nn.Module):
         """log_probs without gradient; right padding beyond `lengths` is never attended to, so the dense pass is
         already the real tokens' pass."""
         return self.log_probs(ids, at, temperature, entropy)
+
+
+def common_prefix(ids: torch.Tensor) -> int:
+    """The number of leading columns on which every row of ids [B, T] agrees, leaving each row one of its own."""
+    differs = (ids != ids[:1]).any(0)
+    n = int(differs.int().argmax()) if bool(differs.any()) else ids.shape[1]
+    return min(n, ids.shape[1] - 1)
 
 
 def shared_prefix(chunks: list[list[int]]) -> int:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from agentrl.core.artifacts import temporary_name
 from agentrl.core.knobs import UserError
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -184,7 +185,7 @@ def convert(pin: Pinned, gguf: Path | str, out: Path | str) -> dict:
     gguf, out = check_gguf(pin, gguf), Path(out)
     lm, tok = load_gguf(gguf)
     plain = plain_copy(lm)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = temporary_name(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     plain.save_pretrained(tmp)

@@ -73,12 +73,19 @@ def write_text(path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
+def temporary_name(path) -> Path:
+    """Where a write of `path` goes before it replaces it: unique to this process (`<name>.<pid>.tmp`), so two
+    processes writing the same file never write into each other's half-written temporary."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
 def write_bytes(path, data: bytes) -> None:
     """Atomically: the file is the old one or the new one, never a part; an interrupted write (a full disk, a
     signal) leaves no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_name(path)
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)

@@ -31,7 +31,7 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 DEBUG_ENV = "AGENTRL_DEBUG"           # 1: print the traceback of an unexpected error instead of logging it
 LOG_DIR_ENV = "AGENTRL_LOG_DIR"       # where tracebacks go (default: <tmp>/agentrl-logs)
 MAX_LINE = 400                        # a message longer than this is cut (a 10,000-character key stays one line)
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: a closed terminal, a dropped SSH session
 _OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
               errno.EDQUOT: "free space (disk quota) and run again",
               errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
@@ -40,7 +40,11 @@ _state = {"finished": False, "signalled": False}
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the work in progress is closed as killed (like Ctrl-C)."""
+    """SIGTERM or SIGHUP, raised in the main thread so the work in progress is closed as killed (like Ctrl-C)."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 def one_line(text: str, limit: int = MAX_LINE) -> str:
@@ -72,7 +76,9 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
     if isinstance(exc, KeyboardInterrupt):
         outcome = EXIT_INTERRUPTED, f"{name}: interrupted (SIGINT)"
     elif isinstance(exc, Terminated):
-        outcome = EXIT_TERMINATED, f"{name}: terminated (SIGTERM)"
+        hangup = exc.signum == signal.SIGHUP
+        outcome = (128 + signal.SIGHUP if hangup else EXIT_TERMINATED,
+                   f"{name}: terminated ({'SIGHUP: the terminal closed' if hangup else 'SIGTERM'})")
     elif isinstance(exc, UserError):
         outcome = EXIT_BAD_INPUT, one_line(str(exc)) or type(exc).__name__
     elif isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
@@ -100,7 +106,7 @@ def _raise_signal(signum, frame):
     _state["signalled"] = True
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated(f"signal {signum}")
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager

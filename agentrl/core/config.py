@@ -31,7 +31,8 @@ REWARDS = ("hidden", "public")
 
 # The objective's and the loop's variants: each a named function registered beside its formula, in the module named
 # here; the knob that chooses one takes the registry's names as its allowed values (docs/research.md lists them).
-_OBJECTIVES, _ROLLOUT = "agentrl.rl.objectives", "agentrl.rl.rollout"
+_OBJECTIVES = "agentrl.rl.objectives"
+_ROLLOUT = "agentrl.rl.rollout"
 ADV_ESTIMATORS = Registry("advantage estimator", "rl.adv_estimator", _OBJECTIVES)     # reward -> baseline
 REWARD_SCALES = Registry("reward scale", "rl.scale_rewards", _OBJECTIVES)           # advantage divisor
 RATIO_LEVELS = Registry("policy ratio", "rl.ratio_level", _OBJECTIVES)              # importance ratio
@@ -233,14 +234,14 @@ class TestConfig(Section):
             raise ConfigError(f"TestConfig.ks: k={max(self.ks)} exceeds episodes_per_task={self.episodes_per_task}")
 
 
-ARM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+ARM_NAME = re.compile(r"[A-Za-z0-9_]+")   # used with fullmatch: `$` would let a final newline through
 
 
 def arm_overrides(arm: str, spec: dict) -> tuple[dict, str]:
     """An arm's (rl overrides, starting policy), every key and value checked: "rl.<key>" is any rl key with a value
     it allows, "start" is one of STARTS. Raises ConfigError naming the arm and the field."""
     where = f"AblateConfig.arms: {arm}"
-    if not isinstance(arm, str) or not ARM_NAME.match(arm):
+    if not isinstance(arm, str) or not ARM_NAME.fullmatch(arm):
         raise ConfigError(f"AblateConfig.arms: {arm!r}: an arm name is letters, digits and _ (it names DVC stages)")
     if not isinstance(spec, dict):
         raise ConfigError(f"{where}: expected a mapping of overrides like {{rl.lr: 0.0001}}, got {spec!r}")

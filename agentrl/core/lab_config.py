@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, fields
 
 from agentrl.core.knobs import ConfigError, Section, knob
+from agentrl.core.numerics import NUMERICS_MODES
 
 
 def _int(default, doc="", lo=None, **kw):
@@ -38,6 +39,9 @@ class LabRun(Section):
                            lo=3)
     max_turns: int = _int(6, "turns per episode", lo=1)
     eval_per_task: int = _int(8, "held-out episodes per task at each evaluation", lo=1)
+    numerics: str | None = knob(None, str, "CPU numerics of this lab (portable or native); null: run.numerics. A "
+                                "pretrained model's GEMMs run several times faster native", choices=NUMERICS_MODES,
+                                nullable=True)
     probe_group: int = _int(4, "episodes per group of the preflight's two groups (its float64 references hold "
                             "[policy tokens, vocabulary] log-softmaxes)", lo=2)
 

@@ -18,6 +18,7 @@ count and checks that torch dispatched what was asked. Nothing here imports torc
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -73,12 +74,35 @@ def check_mode(mode) -> str:
     return mode
 
 
+OUTSIDE_ENV = "AGENTRL_NUMERICS_OUTSIDE"   # what the first portable pin found: JSON {variable: value or null}
+
+
+def _restore_outside() -> None:
+    """Undo a portable pin inherited from a parent process: each variable it set back to what the parent's outside
+    environment held (unset where it held nothing), so that `native` is the machine's own dispatch."""
+    saved = os.environ.pop(OUTSIDE_ENV, None)
+    if saved is None:
+        return
+    for key, value in json.loads(saved).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def pin(mode: str = "portable") -> str:
-    """Set the environment for `mode` before torch is imported (idempotent). Under `portable`, refuse a machine
-    without AVX2/FMA in one line, and refuse a process that imported torch already (its kernels are chosen)."""
+    """Set exactly the environment of `mode` before torch is imported (idempotent), whatever a parent pinned:
+    `portable` forces PORTABLE_ENV (remembering the outside values), `native` restores the outside values a
+    portable parent replaced. Under `portable`, refuse a machine without AVX2/FMA in one line, and refuse a process
+    that imported torch already (its kernels are chosen)."""
     check_mode(mode)
-    os.environ["AGENTRL_NUMERICS"] = mode
     if mode == "native":
+        if "torch" in sys.modules and os.environ.get(OUTSIDE_ENV) is not None:
+            raise NumericsError("run.numerics: native must be pinned before torch is imported (this process "
+                                "imported it under a portable pin); call agentrl.core.numerics.pin at the entry "
+                                "point")
+        _restore_outside()
+        os.environ["AGENTRL_NUMERICS"] = mode
         return mode
     cpu = cpu_info()
     if cpu["flags"] and not cpu["avx2"]:
@@ -88,18 +112,52 @@ def pin(mode: str = "portable") -> str:
     if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PORTABLE_ENV.items()):
         raise NumericsError("run.numerics: portable must be pinned before torch is imported (this process imported "
                             "it first); call agentrl.core.numerics.pin at the entry point")
+    if OUTSIDE_ENV not in os.environ:
+        os.environ[OUTSIDE_ENV] = json.dumps({k: os.environ.get(k) for k in PORTABLE_ENV}, sort_keys=True)
     os.environ.update(PORTABLE_ENV)
+    os.environ["AGENTRL_NUMERICS"] = mode
     return mode
 
 
+def stage_mode(params: dict, stage: str | None, instance: str | None = None) -> str:
+    """The numerics a stage runs under: run.numerics, except a lab whose entry of lab.configs sets its own
+    `numerics` (a real model's GEMMs are several times slower on the portable branch; docs/labs.md)."""
+    mode = (params.get("run") or {}).get("numerics", "portable")
+    if stage == "lab" and instance:
+        spec = ((params.get("lab") or {}).get("configs") or {}).get(instance)
+        if isinstance(spec, dict) and spec.get("numerics") is not None:
+            mode = spec["numerics"]
+    return mode
+
+
+def running_stage() -> tuple[str | None, str | None]:
+    """(stage, instance) of the stage this process runs, `python -m stages.<name> [--<key> <instance>]` or DVC's
+    `$DVC_STAGE` (name@instance), read from the command line, which is known before stages/__init__.py has finished
+    importing."""
+    argv = list(getattr(sys, "orig_argv", []))
+    stage = next((argv[i + 1].split(".", 1)[1] for i, a in enumerate(argv[:-1])
+                  if a == "-m" and argv[i + 1].startswith("stages.")), None)
+    if stage is None:
+        return None, None
+    named, _, instance = os.environ.get("DVC_STAGE", "").partition("@")
+    instance = instance if named == stage and instance else None
+    for i, arg in enumerate(argv):   # the stage's own flag naming its instance (--lab menu, --lab=menu)
+        if arg == f"--{stage}" and i + 1 < len(argv):
+            instance = argv[i + 1]
+        elif arg.startswith(f"--{stage}="):
+            instance = arg.split("=", 1)[1]
+    return stage, instance
+
+
 def pin_from_params(path: str = "params.yaml") -> str | None:
-    """Pin the mode params.yaml's run.numerics names, before a stage module imports torch. A file or value that
-    cannot be read pins nothing: the stage's own params validation then stops it with one line."""
+    """Pin the mode params.yaml names for the stage this process runs (stage_mode), before a stage module imports
+    torch. A file or value that cannot be read pins nothing: the stage's own params validation then stops it with
+    one line."""
     import yaml
     try:
         with open(path) as f:
-            run = (yaml.safe_load(f) or {}).get("run") or {}
-        mode = run.get("numerics", "portable")
+            params = yaml.safe_load(f) or {}
+        mode = stage_mode(params, *running_stage())
         return pin(mode) if mode in NUMERICS_MODES else None
     except (OSError, yaml.YAMLError, AttributeError, NumericsError):
         return None

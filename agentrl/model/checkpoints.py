@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.core.artifacts import CheckpointError
+from agentrl.core.artifacts import CheckpointError, temporary_name
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 
@@ -18,7 +18,7 @@ def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": model.cfg.to_dict(), "tokenizer_hash": tokenizer_hash,
                "state_dict": model.state_dict(), "extra": extra or {}}
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_name(path)
     torch.save(payload, tmp)
     os.replace(tmp, path)
 

@@ -51,7 +51,7 @@ def ablation_instance(arm: str | None, seed: int | None, params_path: str = "par
     if not isinstance(arms, dict) or not isinstance(seeds, list):
         raise UserError(f"{params_path}: ablate.arms must be a mapping and ablate.seeds a list")
     for name in arms:
-        if not isinstance(name, str) or not ARM_NAME.match(name):
+        if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
             raise UserError(f"{params_path}: ablate.arms: {str(name)[:80]!r}: an arm name is letters, digits and _ "
                             "(it names DVC stages)")
     check_seeds("ablate.seeds", seeds, params_path)

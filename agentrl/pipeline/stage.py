@@ -51,13 +51,15 @@ def read_keys(values: dict, keys: list[str]) -> dict:
 
 
 def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
-              params_path: str = "params.yaml", only: dict | None = None, sources: dict | None = None) -> None:
+              params_path: str = "params.yaml", only: dict | None = None, sources: dict | None = None,
+              numerics: str | None = None) -> None:
     """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
     generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). `sources` says where
-    inputs came from (input -> package, version, hashes), recorded in provenance and MLflow. Returns on success;
-    raises SystemExit with the boundary's exit code otherwise."""
-    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources)
+    inputs came from (input -> package, version, hashes), recorded in provenance and MLflow. `numerics`: the mode
+    this stage runs under when it is not run.numerics (a lab's own; agentrl.core.numerics.stage_mode). Returns on
+    success; raises SystemExit with the boundary's exit code otherwise."""
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources, numerics)
 
 
 def entry(name: str, fn, *args) -> None:
@@ -68,7 +70,7 @@ def entry(name: str, fn, *args) -> None:
         sys.exit(code)
 
 
-def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None) -> None:
+def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None, numerics=None) -> None:
     from agentrl.core.config import load_params
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
     params = load_params(wanted, params_path)
@@ -79,7 +81,7 @@ def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources
     if numeric:  # CPU numerics and threads, once, before any tensor work (agentrl.core.numerics)
         from agentrl.core.numerics import enter
         check_threads(params["run"].threads)
-        machine = enter(params["run"].threads, params["run"].numerics)
+        machine = enter(params["run"].threads, numerics or params["run"].numerics)
     from agentrl.tracking.run import stage_run
     logged = {s: section_values(s, p) for s, p in params.items()}
     for section, keys in (only or {}).items():

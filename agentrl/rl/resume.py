@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from agentrl.backends.registry import read_checkpoint, save_checkpoint
-from agentrl.core.artifacts import CHECKPOINT_DIR, DATA, CheckpointError, checkpoint_path
+from agentrl.core.artifacts import CHECKPOINT_DIR, DATA, CheckpointError, checkpoint_path, temporary_name
 from agentrl.rl.trainer import Hook, TrainState
 
 RESUME_FILE = DATA / "resume" / "train.json"   # outside the stage's outputs: the key of the saved checkpoints
@@ -75,7 +75,7 @@ def read_resume(key: str) -> dict:
 
 def write_resume(key: str, seconds: float, runs: list[str]) -> None:
     RESUME_FILE.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESUME_FILE.with_name(RESUME_FILE.name + ".tmp")
+    tmp = temporary_name(RESUME_FILE)
     tmp.write_text(json.dumps({"key": key, "seconds": seconds, "runs": runs}, indent=1) + "\n")
     os.replace(tmp, RESUME_FILE)
 

@@ -5,8 +5,10 @@ tests/test_dvc_yaml.py checks the result independently.
 
 A module that loads a backend or an environment by name (agentrl.core.registry) says which in a module-level
 literal, `USES = {"backends": ["tinyagent"], "environments": ["gym"]}`; the closure follows each name to the module
-its registry's `BUILTIN` map declares for it. A stage that loads a module outside its closure fails when it ends
-(agentrl.tracking.run), so the closure cannot silently miss code.
+its registry's `BUILTIN` map declares for it. A `Registry(kind, field, module)` made with the module that registers
+its entries (the objective's variants, imported when a knob is validated) is an import of that module. A stage that
+loads a module outside its closure fails when it ends (agentrl.tracking.run), so the closure cannot silently miss
+code.
 """
 from __future__ import annotations
 
@@ -44,10 +46,28 @@ def used_modules(path: Path, root: Path) -> set[str]:
     return found
 
 
+def _registry_module(node: ast.Call, path: Path) -> str | None:
+    """The module a `Registry(kind, field, module)` call imports on first use (a literal or a module-level name)."""
+    name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+    if name != "Registry":
+        return None
+    arg = node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "module"), None)
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Name):
+        value = _module_literal(path, arg.id)
+        return value if isinstance(value, str) else None
+    return None
+
+
 def _imports(path: Path, root: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
+        if isinstance(node, ast.Call):
+            module = _registry_module(node, path)
+            if module and module.split(".")[0] == "agentrl":
+                found.add(module)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
             found.add(node.module)
             for alias in node.names:
                 if (root / node.module.replace(".", "/") / f"{alias.name}.py").exists():

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from agentrl.core.artifacts import StageError
+from agentrl.core.artifacts import StageError, temporary_name
 from agentrl.core.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
 from agentrl.tracking.provenance import (
     build_provenance,
@@ -199,7 +199,7 @@ def close_orphans(client, exp_id: str, stage: str) -> list[str]:
 
 def _write_record(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_name(path)
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
@@ -230,7 +230,7 @@ def write_index(directory: Path) -> None:
                      f"{r.get('started', '')} |")
     lines += ["", f"Sum of the stages' own wall times: {total:.0f} s (interpreter start-up and DVC bookkeeping, about "
               "2-5 s per stage, come on top)."]
-    tmp = directory / "README.md.tmp"
+    tmp = temporary_name(directory / "README.md")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, directory / "README.md")
 
