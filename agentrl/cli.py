@@ -282,8 +282,8 @@ def cmd_replay(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from agentrl.studies.length import run_study
-    return run_study(args)
+    from agentrl.studies import labs, length
+    return {**length.STUDIES, "labs": labs.comparison}[args.name]()
 
 
 def cmd_research(args) -> int:
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle", help="bundle file, or a step number (looked up in --bundle-dir)")
     r.add_argument("--bundle-dir", default="data/train/bundles")
     s = sub.add_parser("study", help="summarize a study run outside the default pipeline")
-    s.add_argument("name", choices=["length-bias"])
+    s.add_argument("name", choices=["length-bias", "labs"])
     q = sub.add_parser("research", help="the research studies of docs/research.md (not in the default pipeline)")
     q.add_argument("name", choices=["entropy-collapse", "rollout-efficiency", "stopping", "all"])
     q.add_argument("--seeds", type=_seed_list, help="seeds per arm, e.g. 0,1,2 (default: the study's)")

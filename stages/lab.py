@@ -1,6 +1,7 @@
-"""Stage lab@<name>: a real-model lab (docs/labs.md) on the Qwen3 backend. Outside the default pipeline (lab.runs is
-empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly. Writes
-reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed)."""
+"""Stage lab@<name>: a real-model lab (docs/labs.md) on the Hugging Face backend. Outside the default pipeline
+(lab.runs is empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly.
+Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed). A lab
+whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
 import argparse
 
 from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
@@ -36,6 +37,9 @@ def main(name: str | None = None):
         share = SandboxShare()
         record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock)
         record["threads"] = ctx.threads
+        if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
+            write_json(DATA / "models" / f"lab-{name}" / "model.json",
+                       {"model_dir": record["model_dir"], "model": record["model"]})
         if record["config"]["environment"] == "coding":
             record["sandbox"] = share.summary()
         numbers, markdown = lab_report(record)

@@ -124,6 +124,10 @@ def test_params_are_keys_the_stage_reads_and_threads_feed_every_numeric_stage():
             declared.add(p)
             if key and section in reads:
                 assert key[0] in reads[section], (name, p, "declared but not read")
+        matrix = " ".join(map(str, (stage.get("matrix") or {}).values()))
+        for section in getattr(module, "SECTIONS", []):   # every section a stage loads is a param of it (whole or
+            assert any(d == section or d.startswith(f"{section}.") for d in declared) or \
+                f"${{{section}." in matrix, (name, section)   # some keys), unless it only names the instances
         for section, keys in reads.items():   # every key a stage reads is declared (so DVC reruns it)
             for k in keys:   # "ablate.arms.${item.arm}" declares the instance's own entry of ablate.arms
                 assert section in declared or f"{section}.{k}" in declared or \

@@ -173,3 +173,36 @@ def check_sampler_against_trainer(model, shared: int):
     assert float(((full - sampled).abs() * at).max()) < 1e-5
     assert float(full[~at].abs().max()) == 0.0   # the LM head ran at the marked positions only
     return sampler
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_trainers_shared_prefix_pass_equals_the_full_pass_values_and_gradients(small_qwen3, monkeypatch):
+    """Rows that share a 24-token prompt (one right-padded): the pass that computes the prefix once and shares its
+    keys and values gives the same log-probs and the same parameter gradients as one full pass per row; a batch
+    whose rows share less than MIN_SHARED_PREFIX tokens takes the full pass."""
+    from agentrl.backends import hf
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(500, 5000, (24,), generator=g)
+    ids = torch.cat([prefix.expand(3, -1), torch.randint(500, 5000, (3, 9), generator=g)], 1)
+    ids[2, -3:] = 151643
+    at = torch.zeros(3, ids.shape[1] - 1, dtype=torch.bool)
+    at[:, 23:] = True
+    assert hf.common_prefix(ids) == 24 and hf.common_prefix(ids[:1]) == ids.shape[1] - 1
+
+    def pass_and_grads():
+        small_qwen3.zero_grad()
+        logp = small_qwen3.log_probs(ids, at)[0]
+        (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in small_qwen3.parameters() if p.grad is not None]
+    shared, shared_grads = pass_and_grads()
+    calls = []
+    decoder = type(small_qwen3.decoder).forward
+    monkeypatch.setattr(type(small_qwen3.decoder), "forward", lambda self, *a, **k: calls.append(
+        k["input_ids"].shape) or decoder(self, *a, **k))
+    monkeypatch.setattr(hf, "MIN_SHARED_PREFIX", 10**6)
+    full, full_grads = pass_and_grads()
+    assert calls == [ids.shape]   # one full pass when sharing is off
+    assert float((shared - full).abs().max()) < 1e-5
+    assert len(shared_grads) == len(full_grads)
+    assert max(float((a - b).abs().max() / (b.abs().max() + 1e-12)) for a, b in zip(shared_grads, full_grads)) < 1e-4

@@ -2,6 +2,7 @@
 conversation in Qwen3's template is what the policy would sample and read; and on the small Qwen3 after a cold start
 the preflight gate holds: the nine invariants pass and every registered fault fails its own invariants. The
 transformers tests are slow tier (a shortened config)."""
+import json
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,33 @@ def test_every_random_draw_is_made_on_its_generators_device(monkeypatch):
     draw(torch.randn(2, 8), g)
     assert {n for n, _, _ in seen} == {"randint", "randperm", "multinomial"}
     assert all(dev == gen for _, dev, gen in seen), seen
+
+
+def _lab_numbers(changed: bool, pretrained: bool) -> dict:
+    ci = {"mean": 0.25, "lo": 0.1, "hi": 0.4}
+    held = {"before": ci, "after": {"mean": 0.5, "lo": 0.3, "hi": 0.7}, "gain": {"mean": 0.25, "lo": 0.05, "hi": 0.45}}
+    if pretrained:
+        held["pretrained"] = {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    return {"model": "M", "parameters": 10, "weights_changed": changed, "held_out": held,
+            "training": {"entropy_per_step": [0.5, 0.1], "zero_adv_share": 0.4},
+            "before": {"malformed": 1.0}, "after": {"malformed": 0.0}}
+
+
+def test_the_labs_study_puts_every_committed_lab_beside_the_books_run(tmp_path, monkeypatch, capsys):
+    from agentrl import cli
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["study", "labs"]) == 2   # nothing to compare: one line
+    assert "no lab reports" in capsys.readouterr().err
+    (tmp_path / "reports" / "labs").mkdir(parents=True)
+    for name, changed, pretrained in (("smol", True, True), ("menu", False, False)):
+        (tmp_path / "reports" / "labs" / f"{name}.json").write_text(json.dumps(_lab_numbers(changed, pretrained)))
+    assert cli.main(["study", "labs"]) == 0
+    md = (tmp_path / "reports" / "labs" / "comparison.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| the book, section 19.7 | Qwen3-0.6B | n/a | 0.20 [0.06, 0.39] | 0.80 [0.50, 1.00]")
+    menu, smol = rows[2], rows[3]
+    assert menu.startswith("| `menu` | M | n/a | 0.250 [0.100, 0.400] | (= after the cold start) | no weight changed")
+    assert smol.startswith("| `smol` | M | 0.000 [0.000, 0.000] (no episode succeeded) | 0.250 [0.100, 0.400] | "
+                           "0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | 1.00 -> 0.00 | 0.500 -> 0.100 | 0.400 |")
+    numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
+    assert set(numbers["labs"]) == {"smol", "menu"} and numbers["book_qwen3_0_6b"]["gain"] == "+0.60 [+0.33, +0.88]"

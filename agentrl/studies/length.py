@@ -30,7 +30,3 @@ def length_bias() -> int:
 
 
 STUDIES = {"length-bias": length_bias}
-
-
-def run_study(args) -> int:
-    return STUDIES[args.name]()
