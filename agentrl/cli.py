@@ -350,11 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "alternating for ROUNDS rounds (docs/numerics.md)")
     b.add_argument("--json", action="store_true", help="print the step times as one JSON line")
     b.add_argument("--backend", choices=list(BACKENDS.names()), default="tinyagent",
-                   help="qwen3: the lab backend's sampler against plain generate, and an update's peak memory with "
-                        "the LM head on policy positions against full logits (--model: a Qwen3 directory)")
-    b.add_argument("--rows", type=_int_at_least(1), default=64, help="qwen3: prompts sampled together")
-    b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="qwen3: new tokens per prompt")
-    b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="qwen3: rows of the measured update")
+                   help="hf: the lab backend's sampler against plain generate, the update's GFLOP/s against a "
+                        "same-run GEMM, and its peak memory with the LM head on policy positions against full logits "
+                        "(--model: a Qwen3 or Llama directory, e.g. data/models/smollm2-135m-instruct)")
+    b.add_argument("--rows", type=_int_at_least(1), default=64, help="hf: prompts sampled together")
+    b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
+    b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
     lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
                                          "invariants and two GRPO steps, then a verdict (a few minutes)")
     lc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
