@@ -28,7 +28,7 @@ model, _ = make_rl_base(tok, make_tasks("train"), BaseConfig(steps=12, teach_ste
 print(machine["isa"], hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
 """
 OUTSIDE = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
-           "AGENTRL_NUMERICS")
+           "AGENTRL_NUMERICS", numerics.OUTSIDE_ENV)   # the child's outside is exactly what a test gives it
 
 
 def clone(mode: str, **outside) -> tuple[str, str]:

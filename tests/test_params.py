@@ -217,9 +217,19 @@ def test_tasks_stage_writes_deterministic_bytes(repo_copy):
 
 
 def test_committed_params_are_the_library_defaults(committed):
-    """params.yaml pins every knob at its declared default, and names every key (the schema is the one source)."""
+    """params.yaml pins every knob at its declared default, and names every key (the schema is the one source).
+    lab.configs is a table of entries: it holds the built-in labs as declared, and may add labs of its own (the
+    pretrained ones name a directory `make install` and stage pretrained create), each a valid LabRun."""
+    from agentrl.core.config import lab_run
     for name in SECTIONS:
-        assert committed[name] == defaults(name), name
+        if name != "lab":
+            assert committed[name] == defaults(name), name
+    lab, default = dict(committed["lab"]), defaults("lab")
+    configs = lab.pop("configs")
+    assert lab == {k: v for k, v in default.items() if k != "configs"}
+    assert {k: configs[k] for k in default["configs"]} == default["configs"]
+    for name in set(configs) - set(default["configs"]):
+        assert lab_run(name, configs[name]).model, name   # an added lab runs a model of its own
 
 
 def test_a_missing_section_is_an_error(tmp_path, monkeypatch, committed):
