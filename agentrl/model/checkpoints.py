@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.core.artifacts import CheckpointError, temporary_name
+from agentrl.core.artifacts import CheckpointError
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 
@@ -18,7 +18,7 @@ def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": model.cfg.to_dict(), "tokenizer_hash": tokenizer_hash,
                "state_dict": model.state_dict(), "extra": extra or {}}
-    tmp = temporary_name(path)
+    tmp = path.with_name(path.name + ".tmp")   # not per process: torch.save names the archive's records after it
     torch.save(payload, tmp)
     os.replace(tmp, path)
 
