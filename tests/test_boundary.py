@@ -108,14 +108,16 @@ def test_exit_codes_of_the_boundary(capsys):
     assert boundary.guard("x", raises(KeyboardInterrupt())) == 130
     assert boundary.guard("x", raises(boundary.Terminated())) == 143
     assert boundary.guard("x", raises(boundary.Terminated(signal.SIGHUP))) == 129
+    assert boundary.guard("x", raises(boundary.Terminated(signal.SIGQUIT))) == 131
     assert boundary.guard("x", raises(UserError("bad"))) == 2
     assert boundary.guard("x", lambda: 3) == 3 and boundary.guard("x", lambda: None) == 0
     full = OSError(errno.ENOSPC, "No space left on device", "reports/audit.json")
     assert boundary.guard("x", raises(full)) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err[:4] == ["error: x: interrupted (SIGINT)", "error: x: terminated (SIGTERM)",
-                       "error: x: terminated (SIGHUP: the terminal closed)", "error: bad"]
-    assert err[4] == ("error: x: cannot write reports/audit.json: No space left on device; free space on that "
+    assert err[:5] == ["error: x: interrupted (SIGINT)", "error: x: terminated (SIGTERM)",
+                       "error: x: terminated (SIGHUP: the terminal closed)", "error: x: terminated (SIGQUIT)",
+                       "error: bad"]
+    assert err[5] == ("error: x: cannot write reports/audit.json: No space left on device; free space on that "
                       "filesystem and run again")
 
 
@@ -173,7 +175,8 @@ run_stage("probe", ["select"], ["data/in.json"], body, numeric=False)
 @pytest.mark.slow   # stage subprocesses (MLflow import each)
 @pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                              (signal.SIGINT, 130, "interrupted (SIGINT)"),
-                                             (signal.SIGHUP, 129, "terminated (SIGHUP: the terminal closed)")])
+                                             (signal.SIGHUP, 129, "terminated (SIGHUP: the terminal closed)"),
+                                             (signal.SIGQUIT, 131, "terminated (SIGQUIT)")])
 def test_a_signalled_stage_exits_with_its_code_and_its_run_is_killed_with_the_reason(project, sig, code, reason):
     p = subprocess.Popen([sys.executable, "-c", SLEEPER.replace("REPO", repr(str(REPO)))], cwd=project,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

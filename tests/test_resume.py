@@ -8,6 +8,7 @@ what runs); each kill is asserted to have happened where it was meant to."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,8 @@ def save_checkpoint(model, path, tok_hash, extra=None):
     if where == "writing" and extra["step"] == at:   # the kill lands inside the write: half a file on disk
         buffer = io.BytesIO()
         torch.save({"state_dict": model.state_dict(), "extra": extra}, buffer)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        from agentrl.core.artifacts import temporary_path
+        temporary_path(path).write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         die()
     save(model, path, tok_hash, extra)
     if where == "written" and extra["step"] == at:
@@ -136,10 +137,52 @@ def test_sigkill_at_every_boundary_then_resume_gives_the_same_bytes(workspace):
                              capture_output=True, text=True, timeout=900)
         assert out.returncode == -9 and (work / "killed_at").read_text() == kill_at, (what, out.stderr[-3000:])
         if kill_at.startswith("writing"):   # half a file for the next run to clear, not to resume from
-            assert [p.name for p in (work / "data" / "train").rglob("*.tmp")] == ["step_0002.pt.tmp"]
+            partial = [p for p in (work / "data" / "train").rglob("*.tmp") if p.is_file()]
+            assert [p.name for p in partial] == ["step_0002.pt.tmp"]   # in the killed process's own directory
+            assert re.fullmatch(r"\.\d+\.tmp", partial[0].parent.name), partial
     resumed = subprocess.run([sys.executable, "-m", "stages.train"], cwd=work, env=env, capture_output=True,
                              text=True, timeout=900)
     assert resumed.returncode == 0 and "resuming from checkpoint step 4" in resumed.stderr, resumed.stderr[-3000:]
     got = _outputs(work)
     assert sorted(got) == sorted(reference)
     assert [name for name in reference if got[name] != reference[name]] == []
+
+
+def _clear_train(work: Path) -> None:
+    shutil.rmtree(work / "data" / "train", ignore_errors=True)
+    for name in ("reports/train.json", "reports/train_dashboard.json", "reports/metrics/train.json"):
+        (work / name).unlink(missing_ok=True)
+
+
+def _two_trains(work: Path, env: dict, wait: str) -> list[subprocess.CompletedProcess]:
+    """Two `python -m stages.train` started together on one working copy."""
+    procs = [subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=work, env=env | {"AGENTRL_LOCK_WAIT": wait},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=900), *p.communicate()) for p in procs]
+
+
+def test_two_writers_at_once_give_the_bytes_of_one(workspace):
+    """Without resume (nothing on disk) and with it (a run killed after its step-2 checkpoint): with a long wait the
+    second writer waits for the first, then resumes from its last checkpoint; with a short one it stops with one
+    line naming the holder. Either way every output byte equals an uninterrupted run's."""
+    work, env, reference = workspace
+    (work / "killer.py").write_text(KILLER)
+    for resume, wait in ((False, "600"), (True, "600"), (False, "0.5"), (True, "0.5")):
+        _clear_train(work)
+        if resume:
+            out = subprocess.run([sys.executable, "killer.py"], cwd=work, env=env | {"KILL_AT": "written:2"},
+                                 capture_output=True, text=True, timeout=900)
+            assert out.returncode == -9, out.stderr[-3000:]
+        a, b = _two_trains(work, env, wait)
+        codes = sorted([a.returncode, b.returncode])
+        if wait == "600":
+            assert codes == [0, 0], (a.stderr[-2000:], b.stderr[-2000:])
+            assert any("waiting up to 600 s for pid" in p.stderr for p in (a, b))
+        else:
+            assert codes == [0, 2], (a.stderr[-2000:], b.stderr[-2000:])
+            refused = a if a.returncode == 2 else b
+            assert refused.stderr.strip().splitlines()[-1].startswith(
+                "error: train: its outputs are being written by pid "), refused.stderr
+        got = _outputs(work)
+        assert sorted(got) == sorted(reference), (resume, wait)
+        assert [name for name in reference if got[name] != reference[name]] == [], (resume, wait)

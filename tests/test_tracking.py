@@ -239,6 +239,35 @@ def test_sigterm_marks_killed_and_sigkill_is_closed_by_the_next_run(project):
     assert statuses == ["FINISHED", "KILLED", "KILLED"]
 
 
+CRASHER = """
+import os, signal, sys
+sys.path.insert(0, REPO)
+from agentrl.core.boundary import guard
+from agentrl.tracking.run import stage_run
+
+def crash():
+    with stage_run("ablate@kl-0", {"run": {"threads": 1}}, ["data/tasks.json"], 1):
+        os.kill(os.getpid(), signal.SIGSEGV)   # a fatal signal: no Python code runs after it
+
+guard("ablate@kl-0", crash)
+"""
+
+
+@pytest.mark.slow   # a stage subprocess that dies of SIGSEGV
+def test_a_crashed_stage_is_closed_by_the_next_run_of_any_stage(project):
+    p = subprocess.run([sys.executable, "-c", CRASHER.replace("REPO", repr(str(REPO)))], cwd=project.root,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in p.stderr   # faulthandler: the crash is named, not silent
+    assert [r.info.status for r in _runs(project.uri)] == ["RUNNING"]
+    with runs.stage_run("train", {"run": {"threads": 1}}, ["data/tasks.json"], 1) as run:
+        assert run.previous_runs == []   # another stage's orphan is closed, not taken over
+    by_stage = {r.data.tags["stage.instance"]: r for r in _runs(project.uri)}
+    assert by_stage["ablate@kl-0"].info.status == "KILLED"
+    assert by_stage["ablate@kl-0"].data.tags["killed_reason"] == "process gone (found by a later run of train)"
+    assert by_stage["train"].info.status == "FINISHED"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the store under concurrency
 

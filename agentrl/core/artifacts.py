@@ -6,11 +6,14 @@ naming the file and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
+from agentrl.core import files
 from agentrl.core.config import UserError
 
 DATA = Path("data")
@@ -24,6 +27,7 @@ ABLATE_DIR = DATA / "ablate"
 LENGTH_STUDY_DIR = DATA / "length_study"
 TOKENIZER = TASKS_DIR / "tokenizer.json"
 SPLIT = TASKS_DIR / "split.json"
+MAX_JSON_BYTES = 256 * files.MiB   # the largest JSON a stage writes is a few MB
 
 
 class CheckpointError(UserError):
@@ -80,6 +84,36 @@ def temporary_name(path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
+def temporary_path(path) -> Path:
+    """Where a write of `path` goes when the bytes written depend on the file's name (torch.save names an
+    archive's records after it): the same `<name>.tmp` as every process would use, inside a directory of this
+    process's own beside it (`.<pid>.tmp/`), so the bytes do not depend on the process and two writers never share
+    a temporary file. `finish_temporary` renames it into place and removes the directory."""
+    path = Path(path)
+    directory = path.parent / f".{os.getpid()}.tmp"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{path.name}.tmp"
+
+
+def finish_temporary(tmp: Path, path) -> None:
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        tmp.parent.rmdir()
+
+
+def remove_partial(directory) -> list[Path]:
+    """Remove what interrupted writes left in `directory` (`*.tmp` files and `.<pid>.tmp/` directories); only a
+    process that holds the directory's stage lock may call it. Returns what it removed."""
+    removed = []
+    for partial in sorted(Path(directory).glob("*.tmp")):
+        if partial.is_dir() and not partial.is_symlink():
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink(missing_ok=True)
+        removed.append(partial)
+    return removed
+
+
 def write_bytes(path, data: bytes) -> None:
     """Atomically: the file is the old one or the new one, never a part; an interrupted write (a full disk, a
     signal) leaves no temporary file behind."""
@@ -98,10 +132,12 @@ def read_json(path, shape=None):
     """A JSON input, checked against `shape` (see `check_shape`) when given: a corrupted file or one of the wrong
     shape is one StageError line naming the file, the place in it and what to do, before anything uses it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise StageError(f"missing input {path}: run the stage that produces it (dvc repro)")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(files.read_text(path, MAX_JSON_BYTES, "a JSON input"))
+    except files.InputFileError as exc:
+        raise StageError(f"{exc}; re-run the stage that writes it") from None
     except json.JSONDecodeError as exc:
         raise StageError(f"{path}: corrupted JSON ({exc.msg} at line {exc.lineno}); re-run the stage that writes it") \
             from None

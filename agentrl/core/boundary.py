@@ -8,15 +8,20 @@
                                                 traceback (AGENTRL_DEBUG=1: the traceback on stderr), exit code 1
     Ctrl-C (SIGINT)                          -> exit code 130
     SIGTERM                                  -> exit code 143
+    SIGHUP (a closed terminal, SSH dropped)  -> exit code 129
+    SIGQUIT (Ctrl-\\)                        -> exit code 131
+    a fatal signal (SIGSEGV, SIGILL, SIGBUS) -> Python's faulthandler names it and the stack on stderr; the MLflow
+                                                run it leaves RUNNING is closed KILLED by the next run of any stage
 
-Signals are raised as exceptions in the main thread (KeyboardInterrupt, `Terminated`), so whatever is open on the
-way out (an MLflow run, a temporary file) is closed as interrupted. Once an entry point has recorded its work as
-finished (`mark_finished`), a late signal no longer changes the outcome: the process exits 0 and says so.
+The four ending signals are raised as exceptions in the main thread (KeyboardInterrupt, `Terminated`), so whatever
+is open on the way out (an MLflow run, a temporary file) is closed as interrupted. Once an entry point has recorded
+its work as finished (`mark_finished`), a late signal no longer changes the outcome: the process exits 0 and says so.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import os
 import signal
 import sys
@@ -31,7 +36,8 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 DEBUG_ENV = "AGENTRL_DEBUG"           # 1: print the traceback of an unexpected error instead of logging it
 LOG_DIR_ENV = "AGENTRL_LOG_DIR"       # where tracebacks go (default: <tmp>/agentrl-logs)
 MAX_LINE = 400                        # a message longer than this is cut (a 10,000-character key stays one line)
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: a closed terminal, a dropped SSH session
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)   # SIGHUP: a closed terminal, a dropped SSH
+SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP: the terminal closed", signal.SIGQUIT: "SIGQUIT"}
 _OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
               errno.EDQUOT: "free space (disk quota) and run again",
               errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
@@ -40,7 +46,7 @@ _state = {"finished": False, "signalled": False}
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread so the work in progress is closed as killed (like Ctrl-C)."""
+    """SIGTERM, SIGHUP or SIGQUIT, raised in the main thread so the work in progress is closed as killed."""
 
     def __init__(self, signum: int = signal.SIGTERM):
         super().__init__(f"signal {signum}")
@@ -76,9 +82,7 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
     if isinstance(exc, KeyboardInterrupt):
         outcome = EXIT_INTERRUPTED, f"{name}: interrupted (SIGINT)"
     elif isinstance(exc, Terminated):
-        hangup = exc.signum == signal.SIGHUP
-        outcome = (128 + signal.SIGHUP if hangup else EXIT_TERMINATED,
-                   f"{name}: terminated ({'SIGHUP: the terminal closed' if hangup else 'SIGTERM'})")
+        outcome = 128 + exc.signum, f"{name}: terminated ({SIGNAL_NAMES.get(exc.signum, f'signal {exc.signum}')})"
     elif isinstance(exc, UserError):
         outcome = EXIT_BAD_INPUT, one_line(str(exc)) or type(exc).__name__
     elif isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
@@ -99,7 +103,7 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
 
 
 def _raise_signal(signum, frame):
-    """The first SIGINT or SIGTERM becomes an exception; later ones (DVC and the terminal both forward Ctrl-C) are
+    """The first ending signal becomes an exception; later ones (DVC and the terminal both forward Ctrl-C) are
     ignored while the first unwinds, so the cleanup it triggers is not itself cut short (SIGKILL still stops it)."""
     if _state["signalled"]:
         return
@@ -127,7 +131,7 @@ def signals_as_exceptions():
 
 @contextlib.contextmanager
 def signals_blocked():
-    """Hold SIGINT and SIGTERM back while a status is recorded (so the record is never half-written); a signal
+    """Hold the ending signals back while a status is recorded (so the record is never half-written); a signal
     that arrived meanwhile is delivered when the block ends."""
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -149,6 +153,9 @@ def guard(name: str, fn, *args, **kwargs) -> int:
     """Run fn(*args, **kwargs) inside the boundary; return its exit code (None is 0) after printing the one line a
     failure deserves (see the module doc)."""
     _state.update(finished=False, signalled=False)
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError, AttributeError, RuntimeError):
+            faulthandler.enable(all_threads=False)
     try:
         with signals_as_exceptions():
             code = fn(*args, **kwargs)

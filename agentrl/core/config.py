@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.core import strict_yaml
+from agentrl.core import files, strict_yaml
 from agentrl.core.knobs import ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob, validate  # noqa: F401
 from agentrl.core.lab_config import DEVICES, LAB_CONFIGS, LabConfig, LabRun, lab_run  # noqa: F401 (the lab section)
 from agentrl.core.numerics import NUMERICS_MODES
@@ -365,23 +365,36 @@ def defaults(name: str) -> dict:
 
 # ---------------------------------------------------------------- params.yaml
 
+MAX_PARAMS_BYTES = 1 << 20   # params.yaml is ~10 KB; a 50 MB file cost 92 s of CPU to parse
+
+
 def read_params_file(path: str | Path = "params.yaml") -> dict:
+    """The parsed params file, every byte read inside these checks: a regular file of at most MAX_PARAMS_BYTES,
+    UTF-8, valid YAML within strict_yaml's bounds (depth, integer digits, aliases), a mapping of known sections.
+    Each problem is one ParamsError line naming the file and where."""
     path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: file not found")
     try:
-        raw = strict_yaml.load(path.read_text()) or {}
+        data = files.read_bytes(path, MAX_PARAMS_BYTES, "the params file")
+        text = files.decode_utf8(data, str(path))
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found") from None
+    except files.InputFileError as exc:
+        raise ParamsError(str(exc)) from None
+    except OSError as exc:
+        raise ParamsError(f"{path}: unreadable ({exc.strerror or type(exc).__name__})") from None
+    try:
+        raw = strict_yaml.load(text) or {}
     except strict_yaml.DuplicateKeyError as exc:
         raise ParamsError(f"{path}: {exc}; keep one") from None
+    except strict_yaml.LimitError as exc:
+        raise ParamsError(f"{path}: too large a document: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         raise ParamsError(f"{path}: not valid YAML ({where}{getattr(exc, 'problem', None) or type(exc).__name__})") \
             from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ParamsError(f"{path}: unreadable ({type(exc).__name__}); it must be UTF-8 YAML text") from None
-    except ValueError as exc:   # e.g. an integer literal of more digits than Python converts
-        raise ParamsError(f"{path}: not valid YAML ({str(exc)[:120]})") from None
+    except (ValueError, RecursionError) as exc:   # a scalar Python cannot convert; the bounds should stop both
+        raise ParamsError(f"{path}: not valid YAML ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections")
     unknown = sorted(set(raw) - set(SECTIONS), key=str)

@@ -41,6 +41,9 @@ PORTABLE_ENV = {
 # the outside variables that decide bits under `native` (recorded, never changed)
 NATIVE_KNOBS = tuple(PORTABLE_ENV) + ("MKL_CBWR",)
 REQUIRED_FLAGS = ("avx2", "fma")
+# ATEN_CPU_CAPABILITY's values on x86-64 and the CPU flags each needs (torch's own test before it dispatches; an
+# unknown value is silently the best ISA, a value the CPU cannot run dies of SIGILL at the first vector kernel)
+ISA_FLAGS = {"default": (), "avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq")}
 
 
 class NumericsError(UserError):
@@ -66,6 +69,24 @@ def cpu_info() -> dict:
         pass
     return {"vendor": vendor, "model": model, "avx2": {"avx2", "fma"} <= flags, "avx512": "avx512f" in flags,
             "flags": flags}
+
+
+def check_outside_isa(flags: set | None = None) -> None:
+    """Refuse, in one line, an outside ATEN_CPU_CAPABILITY that torch would not honour (a typo, `AVX2` in capitals:
+    torch then silently takes the best ISA) or that this CPU cannot run (the process would die of SIGILL with no
+    line and its MLflow run left RUNNING)."""
+    value = os.environ.get("ATEN_CPU_CAPABILITY")
+    if value is None:
+        return
+    if value not in ISA_FLAGS:
+        raise NumericsError(f"ATEN_CPU_CAPABILITY={value!r}: expected one of {', '.join(ISA_FLAGS)} (lower case) or "
+                            "unset (the CPU's best)")
+    flags = cpu_info()["flags"] if flags is None else flags
+    missing = [f for f in ISA_FLAGS[value] if f not in flags]
+    if flags and missing:
+        raise NumericsError(f"ATEN_CPU_CAPABILITY={value}: this CPU ({cpu_info()['model']}) lacks {', '.join(missing)}"
+                            f"; unset it or set one of "
+                            f"{', '.join(k for k, need in ISA_FLAGS.items() if set(need) <= flags)}")
 
 
 def check_mode(mode) -> str:
@@ -102,6 +123,7 @@ def pin(mode: str = "portable") -> str:
                                 "imported it under a portable pin); call agentrl.core.numerics.pin at the entry "
                                 "point")
         _restore_outside()
+        check_outside_isa()
         os.environ["AGENTRL_NUMERICS"] = mode
         return mode
     cpu = cpu_info()
@@ -147,20 +169,6 @@ def running_stage() -> tuple[str | None, str | None]:
         elif arg.startswith(f"--{stage}="):
             instance = arg.split("=", 1)[1]
     return stage, instance
-
-
-def pin_from_params(path: str = "params.yaml") -> str | None:
-    """Pin the mode params.yaml names for the stage this process runs (stage_mode), before a stage module imports
-    torch. A file or value that cannot be read pins nothing: the stage's own params validation then stops it with
-    one line."""
-    import yaml
-    try:
-        with open(path) as f:
-            params = yaml.safe_load(f) or {}
-        mode = stage_mode(params, *running_stage())
-        return pin(mode) if mode in NUMERICS_MODES else None
-    except (OSError, yaml.YAMLError, AttributeError, NumericsError):
-        return None
 
 
 def _config_version(pattern: str) -> str:

@@ -2,13 +2,12 @@
 model config or tokenizer (one-line CheckpointError)."""
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from agentrl.core.artifacts import CheckpointError
+from agentrl.core.artifacts import CheckpointError, finish_temporary, temporary_path
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 
@@ -18,9 +17,13 @@ def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": model.cfg.to_dict(), "tokenizer_hash": tokenizer_hash,
                "state_dict": model.state_dict(), "extra": extra or {}}
-    tmp = path.with_name(path.name + ".tmp")   # not per process: torch.save names the archive's records after it
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    tmp = temporary_path(path)   # the same file name in every process: torch.save names the records after it
+    try:
+        torch.save(payload, tmp)
+        finish_temporary(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_checkpoint(path) -> dict:

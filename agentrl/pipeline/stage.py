@@ -4,12 +4,14 @@
        line on stderr and exit code 2, before any compute, any MLflow run or any output
     2. numerics and threads: agentrl.core.numerics.enter(run.threads, run.numerics) pins the CPU kernels and sets the
        thread count, the stage's only such setting, before torch is imported
-    3. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
-    4. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
+    3. one writer: the stage's lock (agentrl.pipeline.lock; a second process waits, then one line naming the holder)
+    4. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
+    5. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
        diverged run) is again one line and exit code 2, and the run is marked FAILED
 
 All of it runs inside the error boundary (agentrl.core.boundary): an unexpected exception is one line and a log file
-(exit 1), Ctrl-C exits 130 and SIGTERM 143 with the run marked KILLED; on any failure SystemExit carries the code.
+(exit 1), Ctrl-C exits 130, SIGTERM 143, SIGHUP 129 and SIGQUIT 131, with the run marked KILLED; on any failure
+SystemExit carries the code.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from agentrl.core.boundary import check_threads, guard
 from agentrl.core.config import UserError, section_values
+from agentrl.pipeline.lock import stage_lock
 
 
 @dataclass
@@ -87,6 +90,6 @@ def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources
     for section, keys in (only or {}).items():
         logged[section] = read_keys(logged[section], keys)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
-    with stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads, machine=machine,
-                   sources=sources) as run:
+    with stage_lock(name), stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads,
+                                     machine=machine, sources=sources) as run:
         body(StageContext(name, params, run))

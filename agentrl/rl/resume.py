@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 
 from agentrl.backends.registry import read_checkpoint, save_checkpoint
-from agentrl.core.artifacts import CHECKPOINT_DIR, DATA, CheckpointError, checkpoint_path, temporary_name
+from agentrl.core.artifacts import (
+    CHECKPOINT_DIR,
+    DATA,
+    CheckpointError,
+    checkpoint_path,
+    remove_partial,
+    temporary_name,
+)
 from agentrl.rl.trainer import Hook, TrainState
 
 RESUME_FILE = DATA / "resume" / "train.json"   # outside the stage's outputs: the key of the saved checkpoints
@@ -85,8 +92,7 @@ def resume_point(key: str, kind: str) -> dict | None:
     (None if there is none). A checkpoint cut off mid-write is skipped and the one before it used."""
     if not read_resume(key):
         return None
-    for partial in CHECKPOINT_DIR.glob("*.tmp"):   # a checkpoint write the kill cut short: never an output
-        partial.unlink()
+    remove_partial(CHECKPOINT_DIR)   # checkpoint writes a kill cut short: never an output (this stage holds the lock)
     for path in sorted(CHECKPOINT_DIR.glob("step_*.pt"), reverse=True):
         try:
             return read_checkpoint(kind, path)

@@ -10,9 +10,11 @@ run and wall time. The MLflow run is looked up read-only, after a probe with a s
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from agentrl.core import files
 from agentrl.core.artifacts import shape_problem
 from agentrl.core.boundary import one_line
 from agentrl.core.knobs import UserError
@@ -84,8 +86,10 @@ def producing_stage(file: str, root: Path) -> tuple[str, dict]:
     if not lock_path.is_file():
         raise AuditError(f"{lock_path}: not found; run `dvc repro` first")
     try:
-        lock = yaml.safe_load(lock_path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as exc:
+        lock = yaml.safe_load(files.read_text(lock_path, 64 * files.MiB, "dvc.lock")) or {}
+    except files.InputFileError as exc:
+        raise AuditError(f"{exc}; restore it (git checkout dvc.lock) or run `dvc repro`") from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise AuditError(f"{lock_path}: not readable YAML ({one_line(str(exc), 120)}); restore it (git checkout "
                          "dvc.lock) or run `dvc repro`") from None
     problem = shape_problem(lock, {"stages": {str: {"outs?": [{"path": str}], "deps?": [{"path": str}],
@@ -98,20 +102,62 @@ def producing_stage(file: str, root: Path) -> tuple[str, dict]:
     raise AuditError(f"{file}: no stage in dvc.lock writes it")
 
 
-def dvc_status(stage: str, root: Path) -> list:
-    """DVC's status of one stage: [] when current, else DVC's list of changes (as `dvc status <stage>` prints)."""
+DVC_WAIT_ENV = "AGENTRL_AUDIT_DVC_WAIT"   # seconds audit waits for DVC's status (default 120)
+
+
+def _check_deps(entry: dict, root: Path) -> None:
+    """Every dependency DVC would hash is a regular file (or a directory of them) within the input bound: DVC reads
+    a device such as /dev/zero forever, so audit refuses it first, in one line."""
+    for dep in entry.get("deps", []):
+        path = root / dep["path"]
+        try:
+            if path.is_dir():
+                for p in path.rglob("*"):
+                    if not p.is_dir():
+                        files.check_regular(p, what=f"a dependency of the stage ({dep['path']})")
+            elif path.exists():
+                files.check_regular(path, what="a dependency of the stage")
+        except files.InputFileError as exc:
+            raise AuditError(f"{exc}; dvc status would not finish") from None
+
+
+def dvc_status(stage: str, root: Path, entry: dict | None = None, wait: float | None = None) -> list:
+    """DVC's status of one stage: [] when current, else DVC's list of changes (as `dvc status <stage>` prints).
+    The stage's dependencies are checked first (`_check_deps`), and DVC is given at most `wait` seconds
+    ($AGENTRL_AUDIT_DVC_WAIT, default 120): past that, one line instead of a wait without end."""
+    import threading
+
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
-    try:
-        with Repo(str(root)) as repo:
-            return repo.status(targets=[stage]).get(stage, [])
-    except DvcException as exc:   # e.g. YAMLFileCorruptedError: a syntax error in params.yaml or dvc.yaml
+    if entry is not None:
+        _check_deps(entry, root)
+    wait = float(os.environ.get(DVC_WAIT_ENV) or 120) if wait is None else wait
+    result: dict = {}
+
+    def status():
+        try:
+            with Repo(str(root)) as repo:
+                result["status"] = repo.status(targets=[stage]).get(stage, [])
+        except BaseException as exc:   # handed to the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=status, name="dvc-status", daemon=True)
+    worker.start()
+    worker.join(wait)
+    if worker.is_alive():
+        raise AuditError(f"dvc status {stage}: no answer within {wait:g} s ({DVC_WAIT_ENV} sets the wait); a "
+                         "dependency DVC cannot finish reading, or a repository lock held by a running dvc?")
+    exc = result.get("error")
+    if isinstance(exc, DvcException):   # e.g. YAMLFileCorruptedError: a syntax error in params.yaml or dvc.yaml
         cause = exc.__cause__
         mark = getattr(cause, "problem_mark", None)
         detail = (f"line {mark.line + 1}: {getattr(cause, 'problem', '')}" if mark is not None
                   else one_line(str(cause or exc), 200))
         raise AuditError(f"dvc status {stage}: {one_line(str(exc), 200)} ({detail}); fix the file and run again") \
             from None
+    if exc is not None:
+        raise exc
+    return result["status"]
 
 
 def _reasons(changes: list) -> list[str]:
@@ -158,7 +204,9 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
     if not path.is_file():
         raise AuditError(f"{file}: no such file under {root}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(files.read_text(path, 256 * files.MiB, "the audited file"))
+    except files.InputFileError as exc:
+        raise AuditError(str(exc)) from None
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise AuditError(f"{file}: not valid JSON ({one_line(str(exc), 120)})") from None
     value = extract(data, dotted, file)
@@ -169,11 +217,11 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
     params = {}
     for pfile, values in (lock.get("params") or {}).items():
         params.update(values if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in values.items()})
-    changes = dvc_status(stage, root)
+    changes = dvc_status(stage, root, lock)
     rec_file = record_path(stage, root)
     try:
-        record = json.loads(rec_file.read_text()) if rec_file.is_file() else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        record = json.loads(files.read_text(rec_file, 16 * files.MiB)) if rec_file.is_file() else None
+    except (ValueError, UnicodeDecodeError, RecursionError):   # InputFileError is a ValueError
         record = None   # unreadable: audited like a missing record (a warning says so)
     if shape_problem(record, ({"mlflow": {"run_id": str}, "code_files?": list}, None)):
         record = None

@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from agentrl.core import files
 from agentrl.core.knobs import UserError
 
 FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs", "numerics")
@@ -140,16 +141,20 @@ def _sha256_file(path: Path) -> str:
 
 
 def file_hash(path: Path | str) -> str:
-    """sha256 (hex) of a file; for a directory, sha256 over its sorted (relative path, file sha256) pairs."""
+    """sha256 (hex) of a file; for a directory, sha256 over its sorted (relative path, file sha256) pairs. Every file
+    hashed must be a regular file within the input bound (agentrl.core.files): a device, a FIFO or an oversized
+    file is one line, never an endless read."""
     path = Path(path)
-    if path.is_file():
-        return _sha256_file(path)
+    if not path.exists():
+        raise ProvenanceError(f"input artifact not found: {path} (run the stage that produces it first)")
     if path.is_dir():
         h = hashlib.sha256()
-        for p in sorted(q for q in path.rglob("*") if q.is_file()):
+        for p in sorted(q for q in path.rglob("*") if not q.is_dir()):
+            files.check_regular(p, what="an input")
             h.update(f"{p.relative_to(path).as_posix()}\0{_sha256_file(p)}\n".encode())
         return h.hexdigest()
-    raise ProvenanceError(f"input artifact not found: {path} (run the stage that produces it first)")
+    files.check_regular(path, what="an input")
+    return _sha256_file(path)
 
 
 def code_hash(files: Iterable[str], root: Path | str | None = None) -> str:

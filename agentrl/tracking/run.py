@@ -6,8 +6,8 @@ same stage whose process is gone as KILLED, opens the run (named by the stage an
 pipeline-run id so the runs of one `dvc repro` can be found together) and yields a `StageRun`. On a clean exit it
 writes the stage's provenance record, `reports/provenance/<stage>.json` (the run id, git commit, timestamps and
 wall time live there and in MLflow, never in the stage's outputs), logs it as an artifact and marks the run
-FINISHED; an exception marks it FAILED, Ctrl-C or SIGTERM KILLED, and a run that did not finish carries the one line
-the user read (tag `error`, shown as the run's description in `mlflow ui`).
+FINISHED; an exception marks it FAILED, Ctrl-C, SIGTERM, SIGHUP or SIGQUIT KILLED, and a run that did not finish
+carries the one line the user read (tag `error`, shown as the run's description in `mlflow ui`).
 
 Deferred mode, for a stage run on a node that cannot reach the store (`python -m agentrl sweep`): with
 $AGENTRL_TRACKING_DEFER naming a directory, the run is recorded there instead (`Recorder`: the same calls, kept as
@@ -184,17 +184,20 @@ def _run_tags(record: dict, git: dict, work: Path, root: Path) -> dict:
 
 
 def close_orphans(client, exp_id: str, stage: str) -> list[str]:
-    """Mark RUNNING runs of `stage` whose process is gone (killed by SIGKILL, a crash, a lost node) as KILLED.
-    Returns their run ids."""
-    runs = _retry(client.search_runs, [exp_id],
-                  filter_string=f"tags.`stage.instance` = '{stage}' and attributes.status = 'RUNNING'")
-    closed = []
+    """Mark every RUNNING run of the experiment whose process is gone (killed by SIGKILL, a crash such as SIGSEGV or
+    SIGILL, a lost node), of any stage, as KILLED, so that no stage's run stays RUNNING until that same stage runs
+    again. Returns the ids of those of `stage` (the runs this one takes over)."""
+    runs = _retry(client.search_runs, [exp_id], filter_string="attributes.status = 'RUNNING'")
+    mine = []
     for run in runs:
         if process_alive(run.data.tags.get("process", "")) is False:
-            _retry(client.set_tag, run.info.run_id, "killed_reason", "process gone (found by a later run)")
+            of = run.data.tags.get("stage.instance")
+            _retry(client.set_tag, run.info.run_id, "killed_reason",
+                   f"process gone (found by a later run of {stage})")
             _retry(client.set_terminated, run.info.run_id, "KILLED")
-            closed.append(run.info.run_id)
-    return closed
+            if of == stage:
+                mine.append(run.info.run_id)
+    return mine
 
 
 def _write_record(path: Path, record: dict) -> None:
