@@ -1,8 +1,10 @@
-"""One writer per stage's outputs: `stage_lock(name)` holds data/locks/<name>.lock for the whole stage run.
+"""One writer per stage's outputs: `stage_lock(name)` holds a lock file of the working copy's stage for the whole
+stage run.
 
 Two `python -m stages.train` started together would otherwise write one set of files: the second resumed from the
 first's step-0 record and both renamed the same temporary files. The lock is an advisory `flock` on a file outside
-every stage's outputs, so it is released by the kernel when its holder ends, however it ends (SIGKILL, a crash, a
+the working copy (<tmp>/agentrl-locks/<hash of the working copy's path>/<stage>.lock: a refused stage writes
+nothing in the project), so it is released by the kernel when its holder ends, however it ends (SIGKILL, a crash, a
 lost terminal): a stale lock cannot exist. The holder writes who it is (pid, host, command, start time) into the
 file; a second process waits up to $AGENTRL_LOCK_WAIT seconds (default 30) for it, then stops with one line naming
 the holder (exit code 2), before its MLflow run or any output exists. A matrix instance (`ablate@kl-0`) has its own
@@ -12,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from agentrl.core.knobs import UserError
 
-LOCK_DIR = Path("data") / "locks"
+LOCK_DIR = Path(tempfile.gettempdir()) / "agentrl-locks"
 WAIT_ENV = "AGENTRL_LOCK_WAIT"
 DEFAULT_WAIT = 30.0
 POLL = 0.2
@@ -45,7 +49,8 @@ def wait_seconds() -> float:
 
 
 def lock_path(name: str, root: Path | str = ".") -> Path:
-    return Path(root) / LOCK_DIR / f"{name.replace('/', '_')}.lock"
+    where = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
+    return LOCK_DIR / where / f"{name.replace('/', '_')}.lock"
 
 
 def _holder(fd: int) -> str:
