@@ -335,7 +335,7 @@ def make_small_model(path, seed_generator: torch.Generator, tokenizer_dir, model
 
 # on Qwen3 (151,936-token vocabulary, ~500-token rows, 2 threads) the clean trainer's accumulation measured 1.1e-5 to
 # 2.1e-4 and the accum_local fault 0.051 to 0.142 (docs/preflight.md, "Qwen3"): float32 rounding over a long row
-SPEC = BACKENDS.register("hf", BackendSpec(
+ENTRY = BACKENDS.register("hf", BackendSpec(
     "hf", "a Hugging Face transformers causal LM (Qwen3, Llama) loaded with from_pretrained",
     from_config=HFPolicy.from_config, save=save_model, load=load, thresholds={"accumulation": ("<", 1e-3)}))
 
