@@ -62,12 +62,23 @@ def packages_of(file: str) -> set[str]:
     return {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1)} - {file}
 
 
+def run_time_sources(file: str) -> set[str]:
+    """The files an agentrl module reads as code at run time (its COMPILES, read off the imported module)."""
+    import importlib
+    if not file.startswith("agentrl/"):
+        return set()
+    module = importlib.import_module(file.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+    return {str(Path(file).parent / s) for s in getattr(module, "COMPILES", ())}
+
+
 def code_closure(script: str) -> set[str]:
     """The script's agentrl imports, transitively, and its package's __init__ (`python -m stages.x` runs it first:
-    it pins the CPU numerics) with what that imports."""
+    it pins the CPU numerics) with what that imports, and the source files those modules compile."""
     files, todo = {"agentrl/__init__.py", "stages/__init__.py"}, [script, "stages/__init__.py"]
     while todo:
-        for module in agentrl_imports(REPO / todo.pop()):
+        current = todo.pop()
+        files |= run_time_sources(current)
+        for module in agentrl_imports(REPO / current):
             f = module_file(module)
             for g in {f} | packages_of(f):
                 if g not in files:
@@ -87,7 +98,7 @@ def stages():
 def test_code_deps_are_exactly_the_import_closure():
     for name, stage in stages().items():
         script = f"stages/{name}.py"
-        declared = {d for d in stage["deps"] if d.endswith(".py")}
+        declared = {d for d in stage["deps"] if d.endswith((".py", ".cpp"))}
         assert declared == {script} | code_closure(script), name
 
 

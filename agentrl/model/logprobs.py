@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from agentrl.model.kernels import exp
+
 # PyTorch's fused CPU log_softmax is off by up to ~2e-4 nats in float32 on a 151,936-entry vocabulary, a bias and not
 # noise (docs/labs.md), while logits - logsumexp(logits) stays within ~2e-6. Vocabularies up to this size keep the
 # fused kernel, with which TinyAgent's committed numbers were made.
@@ -29,7 +31,7 @@ def selected_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of softmax(logits) per position: [..., V] -> [...]."""
     logp = log_softmax(logits)
-    return -(logp.exp() * logp).sum(-1)
+    return -(exp(logp) * logp).sum(-1)
 
 
 def draw(logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

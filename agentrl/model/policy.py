@@ -1,12 +1,16 @@
 """TinyAgent: a small causal transformer (pre-LN, tied embeddings, fixed sinusoidal positions), fp32.
 
-Two ways to run it:
-- `forward(ids)`: the trainer's full causal pass over right-padded rows, ids [B, T] -> logits [B, T, V].
+Every pass runs on packed rows (the tokens of all rows one after another, [N, D]) through the model's kernel set
+(agentrl.model.kernels; by default the fixed-order kernels, whose per-token results do not depend on which other
+tokens share the call):
+- `forward(ids)`: every position of right-padded rows, ids [B, T] -> logits [B, T, V].
+- `forward_packed(ids, lengths)`: only each row's first lengths[b] tokens -> logits [N, V]; the trainer's pass
+  (with gradients) and the frozen pre-update pass. Bit-identical to forward(ids) at those positions.
 - `forward_cached(ids, pos, valid, cache, last)`: the sampler's incremental pass over one chunk of *slots* of a
   `KVCache` (agentrl.model.cache): slots are shared by all rows and a row with nothing to add at a slot leaves it
-  invalid (masked), so episodes at different points of their turn structure advance together. Attention sees
-  only valid earlier slots, and `pos` is each token's position in its own row, so the result equals the full pass
-  on the compact row. With `last`, only the valid slots are computed (bit-identical at those slots).
+  invalid, so episodes at different points of their turn structure advance together. A query attends to the valid
+  slots of its row up to its own, in order: the same keys, in the same order, as the packed pass over that row, so
+  the sampler's log-probs are the trainer's bit for bit.
 
 TinyAgent is a policy backend (agentrl.backends.base): `sampler`, `logits`, `log_probs`, `frozen_log_probs`,
 and `describe` wrap the passes above, and the sampler, trainer, evaluation and invariants call only those.
@@ -21,8 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentrl.model.cache import Chunk, KVCache
+from agentrl.model.kernels import KERNELS, exp
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
-from agentrl.model.packing import MIN_ROWS, pad_rows, real_positions, rowwise
+from agentrl.model.packing import pad_rows, real_positions, row_starts
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class ModelConfig:
 
 def sinusoid_table(max_len: int, d: int) -> torch.Tensor:
     pos = torch.arange(max_len, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    freq = exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
     table = torch.zeros(max_len, d)
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq)
@@ -56,36 +61,26 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x):
-        """Causal self-attention over x [B, T, D]."""
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+    def heads(self, x, ops):
+        """x [N, D] -> q, k, v [N, H, Dh]."""
+        N, D = x.shape
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)
+        return (t.reshape(N, self.n_head, D // self.n_head) for t in qkv.split(D, dim=1))
 
-    def packed(self, x, real: torch.Tensor, B: int, T: int, min_rows: int):
-        """Causal self-attention of the real tokens x [N, D] (flat positions `real` of [B, T]) on the padded
-        layout, zeros at the padding."""
-        D = x.shape[1]
-        qkv = x.new_zeros(B * T, 3 * D)
-        qkv[real] = rowwise(self.qkv, x, min_rows)
-        q, k, v = qkv.view(B, T, 3 * D).split(D, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return rowwise(self.proj, y.transpose(1, 2).reshape(B * T, D)[real], min_rows)
+    def forward(self, x, starts: torch.Tensor, ops):
+        """Causal self-attention within each packed row of x [N, D] (row b: tokens starts[b]..starts[b+1]-1)."""
+        q, k, v = self.heads(x, ops)
+        y = ops.attention(q, k, v, starts)
+        return ops.linear(y.reshape(x.shape), self.proj.weight, self.proj.bias)
 
-    def cached(self, x, chunk: Chunk, keys: torch.Tensor, values: torch.Tensor):
+    def cached(self, x, chunk: Chunk, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, ops):
         """x [M, D] at the chunk's computed slots: writes their keys and values into this layer's cache
-        [B, H, capacity, Dh], attends from them to every visible slot, returns [M, D]."""
-        M, D = x.shape
-        q, k, v = chunk.rows(self.qkv, x).split(D, dim=1)
-        q, k, v = (t.view(M, self.n_head, D // self.n_head) for t in (q, k, v))
+        [B, H, capacity, Dh], attends from each to the valid slots of its row up to its own, returns [M, D]."""
+        q, k, v = self.heads(x, ops)
         keys[chunk.row, :, chunk.slot] = k
         values[chunk.row, :, chunk.slot] = v
-        y = F.scaled_dot_product_attention(chunk.queries(q), chunk.visible(keys), chunk.visible(values),
-                                           attn_mask=chunk.mask)
-        return chunk.rows(self.proj, chunk.outputs(y))
+        y = ops.attention_cached(q, chunk.row, chunk.slots, keys, values, valid)
+        return ops.linear(y.reshape(x.shape), self.proj.weight, self.proj.bias)
 
 
 class Block(nn.Module):
@@ -96,32 +91,28 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-    def mlp_rows(self, x, min_rows: int):
-        up, act, down = self.mlp
-        return rowwise(down, act(rowwise(up, self.ln2(x), min_rows)), min_rows)
-
-    def packed(self, x, real: torch.Tensor, B: int, T: int, min_rows: int):
-        x = x + self.attn.packed(self.ln1(x), real, B, T, min_rows)
-        return x + self.mlp_rows(x, min_rows)
-
-    def cached(self, x, chunk: Chunk, keys, values):
-        # the modules' own functional calls, without the module calls around them (the sampler's per-token cost)
-        D = x.shape[1]
-        x = x + self.attn.cached(F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps), chunk,
-                                 keys, values)
+    def _mlp(self, x, ops):
         up, _, down = self.mlp
-        h = F.layer_norm(x, (D,), self.ln2.weight, self.ln2.bias, self.ln2.eps)
-        return x + chunk.rows(down, F.gelu(chunk.rows(up, h)))
+        h = F.layer_norm(x, x.shape[-1:], self.ln2.weight, self.ln2.bias, self.ln2.eps)
+        return ops.linear(ops.gelu(ops.linear(h, up.weight, up.bias)), down.weight, down.bias)
+
+    def _ln1(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.ln1.weight, self.ln1.bias, self.ln1.eps)
+
+    def forward(self, x, starts: torch.Tensor, ops):
+        x = x + self.attn(self._ln1(x), starts, ops)
+        return x + self._mlp(x, ops)
+
+    def cached(self, x, chunk: Chunk, keys, values, valid, ops):
+        x = x + self.attn.cached(self._ln1(x), chunk, keys, values, valid, ops)
+        return x + self._mlp(x, ops)
 
 
 class TinyAgent(nn.Module):
-    def __init__(self, cfg: ModelConfig, generator: torch.Generator | None = None):
+    def __init__(self, cfg: ModelConfig, generator: torch.Generator | None = None, kernels: str = "fixed"):
         super().__init__()
         self.cfg = cfg
+        self.kernels = KERNELS[kernels]
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.register_buffer("pos_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -143,33 +134,36 @@ class TinyAgent(nn.Module):
                     std = self.cfg.emb_std
                 p.normal_(0.0, std, generator=generator)
 
+    def use_kernels(self, name: str) -> TinyAgent:
+        """Run on another kernel set (agentrl.model.kernels.KERNELS); the weights are unchanged."""
+        self.kernels = KERNELS[name]
+        return self
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def _logits(self, h):
-        return F.linear(self.ln_f(h), self.tok_emb.weight if self.head is None else self.head.weight)
+        return self.kernels.linear(self.ln_f(h), self.tok_emb.weight if self.head is None else self.head.weight)
+
+    def _packed(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Packed rows: token ids [N], their positions in their rows [N], row starts [B + 1] -> logits [N, V]."""
+        x = self.tok_emb(ids) + self.pos_table[pos]
+        for block in self.blocks:
+            x = block(x, starts, self.kernels)
+        return self._logits(x)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] (right padding is harmless: queries never see later keys) -> logits [B, T, V]."""
-        T = ids.shape[1]
-        x = self.tok_emb(ids) + self.pos_table[:T]
-        for block in self.blocks:
-            x = block(x)
-        return self._logits(x)
+        B, T = ids.shape
+        pos = torch.arange(T).repeat(B)
+        return self._packed(ids.reshape(-1), pos, row_starts(torch.full((B,), T))).view(B, T, -1)
 
     def forward_packed(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """ids [B, T], lengths [B] -> logits [N, V] at each row's first lengths[b] positions (row-major, N =
-        lengths.sum()), computing nothing else; bit-identical to forward(ids) there (agentrl.model.packing). No
-        gradient: the parameter gradients would sum over other rows than the dense pass's."""
-        if torch.is_grad_enabled():
-            raise RuntimeError("forward_packed is a no-grad pass (use forward for training)")
-        B, T = ids.shape
+        lengths.sum()), computing nothing else."""
+        T = ids.shape[1]
         real = real_positions(lengths, T)
-        min_rows = min(B * T, MIN_ROWS)
-        x = self.tok_emb(ids.reshape(-1)[real]) + self.pos_table[real % T]
-        for block in self.blocks:
-            x = block.packed(x, real, B, T, min_rows)
-        return rowwise(self._logits, x, min_rows)
+        return self._packed(ids.reshape(-1)[real], real % T, row_starts(lengths))
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
@@ -179,14 +173,14 @@ class TinyAgent(nn.Module):
         [B, L, V]; or, with `last`, only those after each row's last valid slot, for the rows that have one
         [rows, V], and then only the valid slots are computed."""
         B, L = ids.shape
-        chunk = Chunk(valid, cache, cache.append(valid), packed=last)
+        chunk = Chunk(valid, cache.append(valid), packed=last)
         x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
             self.pos_table[pos.reshape(-1)[chunk.computed]]
         for i, block in enumerate(self.blocks):
-            x = block.cached(x, chunk, *cache.layer(i))
+            x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
         if not last:
-            return chunk.rows(self._logits, x).view(B, L, -1)
-        return chunk.rows(self._logits, x if L == 1 else x[chunk.last])
+            return self._logits(x).view(B, L, -1)
+        return self._logits(x if L == 1 else x[chunk.last])
 
     # ---------------------------------------------------------------- the policy-backend interface
 
@@ -199,23 +193,17 @@ class TinyAgent(nn.Module):
         return CachedSampler(self, pad_id)
 
     def logits(self, ids: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
-        """The full pass's logits after every position [B, T, V], or only at the positions `at` [B, T] marks [N, V]."""
-        z = self(ids)
-        return z if at is None else z[at]
+        """The logits after every position [B, T, V], or only at the positions `at` [B, T] marks [N, V] (each
+        row's tokens up to its last marked one are computed)."""
+        if at is None:
+            return self(ids)
+        T = ids.shape[1]
+        lengths = (at * torch.arange(1, T + 1, device=at.device)).amax(1)
+        return self.forward_packed(ids, lengths)[at.reshape(-1)[real_positions(lengths, T)]]
 
-    def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
-                  entropy: bool = False):
-        """The trainer's differentiable pass: log p(ids[1:]) of softmax(logits / temperature) [B, T-1] and, if
-        asked, its entropy [B, T-1]. TinyAgent is small enough to compute every position (`at` is a hint)."""
-        logits = self(ids)[:, :-1] / temperature
-        logp = selected_log_probs(logits, ids[:, 1:])
-        return logp, (entropy_from_logits(logits) if entropy else None)
-
-    def frozen_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, at: torch.Tensor | None = None,
-                         temperature: float = 1.0, entropy: bool = False):
-        """log_probs without gradient (called under torch.no_grad) from the real tokens only (forward_packed):
-        bit-identical to the dense pass wherever the input token is real and 0 where it is padding (no mask covers
-        those: every log-ratio there is exp(logp - 0) <= 1). Returns (logp, entropy or None)."""
+    def _row_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, temperature: float, entropy: bool):
+        """log p(ids[1:]) [B, T-1] (and the entropy [B, T-1] if asked) from each row's first lengths[b] tokens: the
+        positions with a target computed, 0 elsewhere."""
         B, T = ids.shape
         logits = self.forward_packed(ids, lengths)
         inputs = real_positions(lengths, T)                # flat [B, T] positions of the computed logits
@@ -228,6 +216,24 @@ class TinyAgent(nn.Module):
         if not entropy:
             return out, None
         return out, logp.new_zeros(B * (T - 1)).index_put_((at,), entropy_from_logits(logits)).view(B, T - 1)
+
+    def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
+                  entropy: bool = False):
+        """The trainer's differentiable pass: log p(ids[1:]) of softmax(logits / temperature) [B, T-1] and, if
+        asked, its entropy [B, T-1], at least where `at` [B, T-1] is set (each row's tokens up to its last such
+        position are computed, 0 is returned past them)."""
+        B, T = ids.shape
+        if at is None:
+            lengths = torch.full((B,), T)
+        else:   # a target at t is read from the logits after token t: tokens 0..t of the row
+            lengths = (at * torch.arange(1, T, device=at.device)).amax(1) if T > 1 else torch.zeros(B, dtype=torch.long)
+        return self._row_log_probs(ids, lengths, temperature, entropy)
+
+    def frozen_log_probs(self, ids: torch.Tensor, lengths: torch.Tensor, at: torch.Tensor | None = None,
+                         temperature: float = 1.0, entropy: bool = False):
+        """log_probs without gradient (called under torch.no_grad) from the real tokens only: bit-identical to
+        log_probs wherever both compute, 0 where the input token is padding."""
+        return self._row_log_probs(ids, lengths, temperature, entropy)
 
 
 class CachedSampler:

@@ -10,12 +10,15 @@ agentrl.core.config's; the knob's allowed values are their names):
     LOSS_MODES      rl.loss_mode      reduce(masked per-token [B, L], mask [B, L], norm_len) -> []
                                       (meta weight: "tokens" or "rows", how microbatches share a minibatch)
     KL_KINDS        rl.kl_kind        k(log_ratio [B, L]) -> [B, L]
+
+`exp` is agentrl.model.kernels.exp: torch.exp's float32 CPU kernel depends on the CPU (docs/numerics.md).
 """
 from __future__ import annotations
 
 import torch
 
 from agentrl.core.config import ADV_ESTIMATORS, KL_KINDS, LOSS_MODES, POLICY_LOSSES, RATIO_LEVELS, REWARD_SCALES
+from agentrl.model.kernels import exp
 
 
 @ADV_ESTIMATORS.register("grpo")
@@ -105,7 +108,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
 @RATIO_LEVELS.register("token")
 def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """PPO/GRPO: one importance ratio per token, r_t = exp(logp_t - old_logp_t)."""
-    return torch.exp(logp - old_logp)
+    return exp(logp - old_logp)
 
 
 MAX_LOG_SEQ_RATIO = 10.0   # as verl: exp(10) already clips; beyond it only overflow waits
@@ -117,7 +120,7 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     every token of the row as exp(logp - sg(logp) + sg(log s)): its value is s, its gradient s * grad logp_t, so a
     row's mean token loss has the gradient of the sequence-level objective."""
     log_s = ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
-    return torch.exp((logp - logp.detach() + log_s.detach()[:, None]).clamp(max=MAX_LOG_SEQ_RATIO))
+    return exp((logp - logp.detach() + log_s.detach()[:, None]).clamp(max=MAX_LOG_SEQ_RATIO))
 
 
 def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -135,7 +138,7 @@ def dual_clip(per_token: torch.Tensor, adv: torch.Tensor, c: float) -> torch.Ten
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float,
                       clip_eps_high: float | None = None):
     """Token-level PPO loss clip_objective(r, A, eps, eps_high or eps) and the ratio r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
+    ratio = exp(logp - old_logp)
     return clip_objective(ratio, adv, clip_eps, clip_eps if clip_eps_high is None else clip_eps_high), ratio
 
 
@@ -154,7 +157,7 @@ def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
 @KL_KINDS.register("k3")
 def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
     """exp(-log r') - 1 + log r' (unbiased, always >= 0)"""
-    return torch.exp(-log_ratio) - 1 + log_ratio
+    return exp(-log_ratio) - 1 + log_ratio
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -166,7 +169,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> 
 def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """k3 estimate of KL(old || new) over masked tokens: mean of (r - 1) - log r, r = new / old."""
     log_r = logp - old_logp
-    return masked_mean(torch.exp(log_r) - 1 - log_r, mask)
+    return masked_mean(exp(log_r) - 1 - log_r, mask)
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: str = "token_mean",

@@ -36,6 +36,7 @@ from agentrl.rl.objectives import (
     masked_mean,
     policy_loss,
 )
+from agentrl.rl.optim import Adam
 from agentrl.rl.rollout import Trajectory, collate, sample_step
 from agentrl.rl.schedule import schedule_row, scheduled, set_lr, step_config
 
@@ -50,8 +51,7 @@ class NonFiniteError(Diverged):
 
 
 def make_optimizer(model, cfg: RLConfig) -> torch.optim.Optimizer:
-    # foreach: one kernel per op for all tensors; the same numbers
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
+    return Adam(model.parameters(), lr=cfg.lr)
 
 
 def frozen_copy(model) -> torch.nn.Module:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from agentrl.core.config import BaseConfig, ConfigError
 from agentrl.core.seeding import generator as stream_generator
@@ -21,6 +22,7 @@ from agentrl.env.gym.environment import NAME_POOL, make_env_factory, operand_nam
 from agentrl.env.ops import REPAIR_OPS, keyword_rule
 from agentrl.model.policy import ModelConfig, TinyAgent
 from agentrl.rl.objectives import masked_mean
+from agentrl.rl.optim import Adam
 from agentrl.rl.rollout import OWNER, Trajectory, collate
 from agentrl.rl.trainer import forward_logp
 
@@ -101,9 +103,10 @@ def sft_step(model, optimizer, batch: dict, targets: torch.Tensor | None = None,
         logp, _ = forward_logp(model, batch["ids"], mask > 0)
         loss = -masked_mean(logp, mask)
     else:
-        logits = model.logits(batch["ids"])[:, :-1]
-        ce = -(targets * torch.log_softmax(logits, dim=-1)).sum(-1)
-        loss = masked_mean(ce, mask)
+        taught = mask > 0                                  # [B, T-1]: the positions with a target
+        logits = model.logits(batch["ids"], F.pad(taught, (0, 1)))   # the logits after those tokens only [N, V]
+        ce = -(targets[taught] * torch.log_softmax(logits, dim=-1)).sum(-1)
+        loss = (ce * mask[taught]).sum() / mask.sum()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -116,7 +119,7 @@ def train_sft(model, demos: list, tok, steps: int, lr: float, batch_size: int | 
     the full set each step, or batch_size demonstrations drawn with the generator."""
     if not isinstance(steps, int) or steps <= 0:
         raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = Adam(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
         chosen = demos if batch_size is None else \

@@ -18,6 +18,7 @@ from agentrl.core import files
 from agentrl.core.artifacts import shape_problem
 from agentrl.core.boundary import one_line
 from agentrl.core.knobs import UserError
+from agentrl.tracking.closure import is_code
 from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
 from agentrl.tracking.provenance import ProvenanceError, work_root
 from agentrl.tracking.run import record_path
@@ -212,8 +213,8 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
     value = extract(data, dotted, file)
     stage, lock = producing_stage(file, root)
     deps = {d["path"]: d.get("md5") or d.get("hash") for d in lock.get("deps", [])}
-    code = {p: h for p, h in deps.items() if p.endswith(".py")}
-    inputs = {p: h for p, h in deps.items() if not p.endswith(".py")}
+    code = {p: h for p, h in deps.items() if is_code(p)}
+    inputs = {p: h for p, h in deps.items() if not is_code(p)}
     params = {}
     for pfile, values in (lock.get("params") or {}).items():
         params.update(values if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in values.items()})

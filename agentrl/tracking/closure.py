@@ -3,6 +3,9 @@ packages they live in, and the modules of the registered entries it uses. `pytho
 code entries of every stage's deps in dvc.yaml from it (data deps, params and outs are left as they are);
 tests/test_dvc_yaml.py checks the result independently.
 
+A module that compiles source files of its own at run time (C++) names them, relative to its folder, in
+a module-level literal `COMPILES = ["fixed.cpp"]`; they join the closure as code (`is_code`).
+
 A module that loads a backend or an environment by name (agentrl.core.registry) says which in a module-level
 literal, `USES = {"backends": ["tinyagent"], "environments": ["gym"]}`; the closure follows each name to the module
 its registry's `BUILTIN` map declares for it. A `Registry(kind, field, module)` made with the module that registers
@@ -15,6 +18,13 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+CODE_SUFFIXES = (".py", ".cpp")   # what a stage's deps hold as code (the rest are inputs)
+
+
+def is_code(path: str) -> bool:
+    return path.endswith(CODE_SUFFIXES)
+
 
 # the registries whose built-in entries live in modules of their own: USES key -> the file declaring BUILTIN
 REGISTRY_FILES = {"backends": "agentrl/backends/registry.py", "environments": "agentrl/env/registry.py",
@@ -91,7 +101,10 @@ def code_closure(script: str, root: Path | str = ".") -> list[str]:
         files.add(package.as_posix())
         todo.append(package.as_posix())
     while todo:
-        for module in _imports(root / todo.pop(), root):
+        current = todo.pop()
+        for source in _module_literal(root / current, "COMPILES") or ():
+            files.add((Path(current).parent / source).as_posix())
+        for module in _imports(root / current, root):
             f = _file(module, root)
             parts = f.split("/")[:-1]
             for g in {f} | {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1)}:
@@ -102,7 +115,7 @@ def code_closure(script: str, root: Path | str = ".") -> list[str]:
 
 
 def rewrite_dvc_yaml(root: Path | str = ".") -> list[str]:
-    """Replace the .py entries of each stage's deps in dvc.yaml with its code closure; returns changed stages."""
+    """Replace the code entries (is_code) of each stage's deps in dvc.yaml with its code closure; returns changed stages."""
     root = Path(root)
     text = (root / "dvc.yaml").read_text()
     changed = []
@@ -119,7 +132,7 @@ def rewrite_dvc_yaml(root: Path | str = ".") -> list[str]:
             continue
         if in_deps:
             if line.startswith("    - "):
-                if line.strip()[2:].endswith(".py"):
+                if is_code(line.strip()[2:]):
                     continue
             else:
                 in_deps = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agentrl.tracking.closure import is_code
 from agentrl.tracking.provenance import _git
 
 
@@ -52,7 +53,7 @@ def upstream(stage: str, stages: dict) -> list[str]:
         current = queue.pop(0)
         for dep in stages.get(current, {}).get("deps") or []:
             path = str(dep.get("path", "")) if isinstance(dep, dict) else ""
-            if path.endswith(".py"):
+            if is_code(path):
                 continue
             writer = _writer(path, stages)
             if writer and writer not in seen:

@@ -1,7 +1,7 @@
 """Provenance: what produced an output, by pure hashing (no MLflow, no DVC run).
 
     where things live    project_root / work_root (a queued DVC experiment runs in a copy under .dvc/tmp/exps/)
-    a stage's code       stage_code_files: the .py files dvc.yaml lists as the stage's deps (its import closure,
+    a stage's code       stage_code_files: the code files dvc.yaml lists as the stage's deps (its import closure,
                          kept exact by tests/test_dvc_yaml.py) -- the one source of truth DVC also hashes
     what produced it     build_provenance(stage, params, inputs, threads, machine) -> the content record (params
                          read, thread count, library versions, code files and hash, input hashes, the machine class
@@ -25,6 +25,7 @@ from typing import Any
 
 from agentrl.core import files
 from agentrl.core.knobs import UserError
+from agentrl.tracking.closure import is_code
 
 FINGERPRINT_FIELDS = ("stage", "params", "threads", "versions", "code_hash", "inputs", "numerics")
 _DVC_TMP = (".dvc", "tmp", "exps")
@@ -127,9 +128,9 @@ def loaded_unlisted(code_files: list[str], root: Path | str) -> list[str]:
 
 
 def stage_code_files(stage: str, root: Path | str | None = None) -> list[str]:
-    """The code a stage runs: the .py files dvc.yaml lists as its deps (its exact import closure)."""
+    """The code a stage runs: the code files dvc.yaml lists as its deps (its exact import closure)."""
     deps = stage_definition(stage, root).get("deps", [])
-    return sorted(d for d in deps if isinstance(d, str) and d.endswith(".py"))
+    return sorted(d for d in deps if isinstance(d, str) and is_code(d))
 
 
 def _sha256_file(path: Path) -> str:

@@ -1,0 +1,619 @@
+// TinyAgent's fixed-order kernels: every floating-point result is defined by the order of operations written here,
+// never by the CPU's vendor, its vector width, the library's blocking or the thread count.
+//
+// The rule that makes this so: each output element is computed by one thread, in one fixed sequence of IEEE
+// operations (a sum runs over its terms in index order, one fused multiply-add per term, from +0). Vector
+// instructions only compute several independent outputs at once; threads only split outputs among themselves.
+// So the AVX2 and AVX-512 paths, the scalar path of another architecture, and any thread count give the same
+// bits, and a row's result does not depend on which other rows share the call (the trainer's packed pass, the
+// sampler's cache and the dense pass agree bit for bit).
+//
+// Kernels: mm (C = A B, + bias), attention over packed rows (forward and backward) and over a KV cache (forward),
+// GELU (erf form, forward and backward), exp and sqrt. Compiled with -ffp-contract=off: the compiler never fuses what
+// is written as a separate multiply and add.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define AGENTRL_X86 1
+#endif
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------ math
+// exp, erfc, Phi and GELU are written once, as templates over a lane type: Scalar (one float) defines the result;
+// Avx2 (eight floats) performs the same operation on each lane (+, -, *, /, fma, floor, comparisons, selects and
+// exponent bits are exact IEEE or integer operations), so every path gives every element the same bits.
+
+inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+struct Scalar {
+  using V = float;
+  using M = bool;
+  static V set(float a) { return a; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V div(V a, V b) { return a / b; }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }
+  static V floor(V a) { return std::floor(a); }
+  static V neg(V a) { return -a; }
+  static V abs(V a) { return std::fabs(a); }
+  static M lt(V a, V b) { return a < b; }
+  static M gt(V a, V b) { return a > b; }
+  static M ge(V a, V b) { return a >= b; }
+  static M isnan(V a) { return a != a; }
+  static V select(M m, V a, V b) { return m ? a : b; }
+  static V clamp(V a, float lo, float hi) { return a < lo ? lo : (a > hi ? hi : a); }   // NaN stays NaN
+  // 2^e1 * 2^e2 with e1 = floor(n / 2), e2 = n - e1, for an integral n in [-150, 128]
+  static void pow2_pair(V n, V* p1, V* p2) {
+    const int e = static_cast<int>(n), e1 = e >> 1, e2 = e - e1;
+    *p1 = bits_to_float(static_cast<uint32_t>(e1 + 127) << 23);
+    *p2 = bits_to_float(static_cast<uint32_t>(e2 + 127) << 23);
+  }
+};
+
+#ifdef AGENTRL_X86
+struct Avx2 {
+  using V = __m256;
+  using M = __m256;
+  static V set(float a) { return _mm256_set1_ps(a); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V floor(V a) { return _mm256_floor_ps(a); }
+  static V neg(V a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static M lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M gt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static M ge(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M isnan(V a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+  static V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }
+  static V clamp(V a, float lo, float hi) {
+    const V c = _mm256_min_ps(_mm256_max_ps(a, set(lo)), set(hi));
+    return select(isnan(a), a, c);
+  }
+  static void pow2_pair(V n, V* p1, V* p2) {
+    const __m256i e = _mm256_cvttps_epi32(n), e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    *p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23));
+    *p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23));
+  }
+};
+#endif
+
+constexpr float kExpHi = 88.72283935546875f, kExpLo = -103.97208404541015625f;
+
+// exp(x): Cody-Waite reduction x = n ln2 + r (|r| <= ln2/2), a degree-6 minimax polynomial (Cephes' expf),
+// then 2^n applied in two steps so that results below the normal range round once, as denormals. NaN stays NaN,
+// exp(x > kExpHi) = inf, exp(x < kExpLo) = 0.
+template <class O>
+typename O::V exp_t(typename O::V x) {
+  using V = typename O::V;
+  const V xc = O::clamp(x, kExpLo, kExpHi);
+  const V n = O::floor(O::fma(xc, O::set(1.44269504088896341f), O::set(0.5f)));
+  V r = O::fma(n, O::set(-0.693359375f), xc);
+  r = O::fma(n, O::set(2.12194440e-4f), r);
+  V p = O::set(1.9875691500e-4f);
+  p = O::fma(p, r, O::set(1.3981999507e-3f));
+  p = O::fma(p, r, O::set(8.3334519073e-3f));
+  p = O::fma(p, r, O::set(4.1665795894e-2f));
+  p = O::fma(p, r, O::set(1.6666665459e-1f));
+  p = O::fma(p, r, O::set(5.0000001201e-1f));
+  const V y = O::add(O::fma(p, O::mul(r, r), r), O::set(1.0f));
+  V p1, p2;
+  O::pow2_pair(O::select(O::isnan(n), O::set(0.0f), n), &p1, &p2);
+  V out = O::mul(O::mul(y, p1), p2);
+  out = O::select(O::gt(x, O::set(kExpHi)), O::set(std::numeric_limits<float>::infinity()), out);
+  out = O::select(O::lt(x, O::set(kExpLo)), O::set(0.0f), out);
+  return O::select(O::isnan(x), x, out);
+}
+
+// erfc(z) for z >= 0: Numerical Recipes' erfcc (fractional error < 1.2e-7 in exact arithmetic).
+template <class O>
+typename O::V erfc_nonneg_t(typename O::V z) {
+  using V = typename O::V;
+  const V t = O::div(O::set(1.0f), O::fma(O::set(0.5f), z, O::set(1.0f)));
+  V p = O::set(0.17087277f);
+  p = O::fma(p, t, O::set(-0.82215223f));
+  p = O::fma(p, t, O::set(1.48851587f));
+  p = O::fma(p, t, O::set(-1.13520398f));
+  p = O::fma(p, t, O::set(0.27886807f));
+  p = O::fma(p, t, O::set(-0.18628806f));
+  p = O::fma(p, t, O::set(0.09678418f));
+  p = O::fma(p, t, O::set(0.37409196f));
+  p = O::fma(p, t, O::set(1.00002368f));
+  p = O::fma(p, t, O::set(-1.26551223f));
+  return O::mul(t, exp_t<O>(O::fma(O::neg(z), z, p)));
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+// Phi(x) = P(N(0,1) <= x) = erfc(-x / sqrt 2) / 2, from erfc(|u|): erfc(u) = 2 - erfc(-u) for u < 0
+template <class O>
+typename O::V normal_cdf_t(typename O::V x) {
+  const typename O::V u = O::mul(O::neg(x), O::set(kInvSqrt2)), e = erfc_nonneg_t<O>(O::abs(u));
+  return O::mul(O::set(0.5f), O::select(O::ge(u, O::set(0.0f)), e, O::sub(O::set(2.0f), e)));
+}
+
+template <class O>
+typename O::V gelu_t(typename O::V x) { return O::mul(x, normal_cdf_t<O>(x)); }
+
+// d/dx x Phi(x) = Phi(x) + x phi(x)
+template <class O>
+typename O::V gelu_grad_t(typename O::V x) {
+  const typename O::V half_sq = O::mul(O::mul(O::set(-0.5f), x), x);
+  return O::fma(x, O::mul(O::set(kInvSqrt2Pi), exp_t<O>(half_sq)), normal_cdf_t<O>(x));
+}
+
+int active_isa();
+
+#ifdef AGENTRL_X86
+#define AGENTRL_EXP_LANES [](__m256 v) { return exp_t<Avx2>(v); }
+#else
+#define AGENTRL_EXP_LANES [](float v) { return v; }
+#endif
+
+// y[i] = f(x[i]) over n floats: eight lanes at a time (the tail through a zero-padded vector), or one float at a
+// time without AVX2 or with AGENTRL_KERNELS_ISA=scalar. The same bits either way.
+template <class F1, class F8>
+void map_floats(const float* x, float* y, int64_t n, F1 f1, F8 f8) {
+#ifdef AGENTRL_X86
+  if (active_isa() >= 1) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, f8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+      _mm256_store_ps(buf, f8(_mm256_load_ps(buf)));
+      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+    }
+    return;
+  }
+#endif
+  (void)f8;
+  for (int64_t i = 0; i < n; ++i) y[i] = f1(x[i]);
+}
+
+// ------------------------------------------------------------------------------------------------ mm
+// C[M, N] = A[M, K] B[K, N] (+ bias[N]): c = 0; for k in 0..K-1: c = fma(a[m, k], b[k, n], c); c = c + bias[n].
+// B is packed into panels of P columns, [panels][K][P], zero beyond N; A is read in place (rows contiguous). A block
+// of R rows x P columns keeps its R x P sums in registers for the whole of K. P and R depend on the vector width
+// (AVX-512: 8 x 32, AVX2: 6 x 16, scalar: 4 x 16); the sums do not.
+
+void pack_b(const float* b, int64_t K, int64_t N, int64_t sk, int64_t sn, int P, float* out) {
+  const int64_t panels = (N + P - 1) / P;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* dst = out + p * K * P;
+    const int64_t n0 = p * P, width = std::min<int64_t>(P, N - n0);
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t j = 0;
+      for (; j < width; ++j) dst[k * P + j] = b[k * sk + (n0 + j) * sn];
+      for (; j < P; ++j) dst[k * P + j] = 0.0f;
+    }
+  }
+}
+
+inline void store_row(const float* acc, const float* bias, float* c, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) c[j] = bias ? acc[j] + bias[j] : acc[j];
+}
+
+// The rows of A past M in the last, partial row block: that block is copied with zero rows added, [K][R].
+std::vector<float> pad_last_block(const float* a, int64_t M, int64_t K, int64_t sm, int64_t sk, int R) {
+  const int64_t m0 = (M / R) * R;
+  std::vector<float> out(static_cast<size_t>(K * R), 0.0f);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t m = m0; m < M; ++m) out[k * R + (m - m0)] = a[m * sm + k * sk];
+  return out;
+}
+
+// one block of A (R rows at a, row stride ar, column stride ak; only the first `rows` are stored) times one panel of B
+template <int R>
+void block_scalar(int rows, const float* a, int64_t ar_, int64_t ak, const float* panel, int64_t K,
+                  const float* bias, float* c, int64_t ldc, int64_t width, bool resume) {
+  constexpr int P = 16;
+  float acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < P; ++j) acc[r][j] = resume && r < rows && j < width ? c[r * ldc + j] : 0.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = panel + k * P;
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[k * ak + r * ar_];
+      for (int j = 0; j < P; ++j) acc[r][j] = std::fma(ar, bk[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) store_row(acc[r], bias, c + r * ldc, width);
+}
+
+#ifdef AGENTRL_X86
+template <int R>
+__attribute__((target("avx2,fma"))) void block_avx2(int rows, const float* a, int64_t ar_, int64_t ak,
+                                                    const float* panel, int64_t K, const float* bias, float* c,
+                                                    int64_t ldc, int64_t width, bool resume) {
+  __m256 acc[R][2];
+  alignas(32) float tmp[16];
+  for (int r = 0; r < R; ++r) {
+    if (resume && r < rows) {
+      for (int j = 0; j < 16; ++j) tmp[j] = j < width ? c[r * ldc + j] : 0.0f;
+      acc[r][0] = _mm256_load_ps(tmp);
+      acc[r][1] = _mm256_load_ps(tmp + 8);
+    } else {
+      acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(a + k * ak + r * ar_);
+      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    if (width == 16 && !bias) {
+      _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+      _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+      continue;
+    }
+    _mm256_store_ps(tmp, acc[r][0]);
+    _mm256_store_ps(tmp + 8, acc[r][1]);
+    store_row(tmp, bias, c + r * ldc, width);
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f"))) void block_avx512(int rows, const float* a, int64_t ar_, int64_t ak,
+                                                     const float* panel, int64_t K, const float* bias, float* c,
+                                                     int64_t ldc, int64_t width, bool resume) {
+  const __mmask16 m0 = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1);
+  const __mmask16 m1 = width >= 32 ? __mmask16(0xFFFF) : width <= 16 ? __mmask16(0) : __mmask16((1u << (width - 16)) - 1);
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    const bool load = resume && r < rows;
+    acc[r][0] = load ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();
+    acc[r][1] = load ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(panel + k * 32), b1 = _mm512_loadu_ps(panel + k * 32 + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[k * ak + r * ar_]);
+      acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(ar, b1, acc[r][1]);
+    }
+  }
+  const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, bias ? _mm512_add_ps(acc[r][0], bias0) : acc[r][0]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, bias ? _mm512_add_ps(acc[r][1], bias1) : acc[r][1]);
+  }
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
+#endif
+
+int g_isa_cap = 2;   // 0 scalar, 1 avx2, 2 avx512: the widest path allowed (tests force each to compare bits)
+
+int active_isa() {
+#ifdef AGENTRL_X86
+  if (kHasAvx512 && g_isa_cap >= 2) return 2;
+  if (kHasAvx2 && g_isa_cap >= 1) return 1;
+#endif
+  return 0;
+}
+
+// the block shape of each path: rows R x panel width P
+constexpr int kRowsOf[3] = {4, 6, 8};
+constexpr int kPanelOf[3] = {16, 16, 32};
+
+// resume: continue the sums stored in c (a later slice of K); bias: given with the last slice only
+void block_rows(int isa, int rows, const float* a, int64_t ar, int64_t ak, const float* panel, int64_t K,
+                const float* bias, float* c, int64_t ldc, int64_t width, bool resume) {
+#ifdef AGENTRL_X86
+  if (isa == 2) return block_avx512<8>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
+  if (isa == 1) return block_avx2<6>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
+#endif
+  block_scalar<4>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
+}
+
+// K is cut into slices of kSlice: a thread runs every block of its share for one slice before the next slice (the
+// slice of a B panel stays in cache across row blocks); a block's sums wait in C between slices, stored and
+// reloaded exactly, so each output still sees its K terms in order.
+constexpr int64_t kSlice = 256;
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, ": expected a float32 CPU tensor");
+}
+
+// a [M, K] (any strides), b [K, N] (any strides), bias [N] or undefined -> [M, N]
+at::Tensor mm(const at::Tensor& a_in, const at::Tensor& b, const c10::optional<at::Tensor>& bias_in) {
+  check_float(a_in, "a");
+  check_float(b, "b");
+  TORCH_CHECK(a_in.dim() == 2 && b.dim() == 2 && a_in.size(1) == b.size(0), "mm: shapes ", a_in.sizes(), " and ",
+              b.sizes(), " do not chain");
+  const at::Tensor& a = a_in;
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) {
+    bias = bias_in->contiguous();
+    check_float(bias, "bias");
+    TORCH_CHECK(bias.numel() == N, "mm: bias has ", bias.numel(), " entries for ", N, " columns");
+  }
+  at::Tensor c = at::empty({M, N}, a.options());
+  if (M == 0 || N == 0) return c;
+  const int isa = active_isa();
+  const int P = kPanelOf[isa], R = kRowsOf[isa];
+  const int64_t panels = (N + P - 1) / P;
+  std::vector<float> packed(static_cast<size_t>(panels * K * P));
+  pack_b(b.data_ptr<float>(), K, N, b.stride(0), b.stride(1), P, packed.data());
+  const int64_t row_blocks = (M + R - 1) / R;
+  const float* ap = a.data_ptr<float>();
+  const int64_t sm = a.stride(0), sk = a.stride(1);
+  const std::vector<float> tail = M % R ? pad_last_block(ap, M, K, sm, sk, R) : std::vector<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* cp = c.data_ptr<float>();
+  const int64_t tasks = row_blocks * panels;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, int64_t{R} * P * K));
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
+      const int64_t kc = std::min<int64_t>(kSlice, K - k0);
+      const bool last = k0 + kc == K;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t p = t / row_blocks, rb = t % row_blocks;
+        const int64_t m0 = rb * R, n0 = p * P;
+        const int rows = static_cast<int>(std::min<int64_t>(R, M - m0));
+        const int64_t width = std::min<int64_t>(P, N - n0);
+        const bool partial = rows < R;
+        const float* ablock = partial ? tail.data() + k0 * R : ap + m0 * sm + k0 * sk;
+        block_rows(isa, rows, ablock, partial ? 1 : sm, partial ? R : sk, packed.data() + p * K * P + k0 * P, kc,
+                   last && bp ? bp + n0 : nullptr, cp + m0 * N + n0, N, width, k0 > 0);
+      }
+    }
+  });
+  return c;
+}
+
+// ------------------------------------------------------------------------------------------------ attention
+// Query i of a row attends to the keys j of its own row with j <= i (causal). With scale s = 1/sqrt(Dh):
+//   score_j = s * dot(q_i, k_j)            dot: fma over d in order, from +0
+//   m = max_j score_j;  p_j = exp(score_j - m);  l = sum_j p_j (j in order)
+//   out_i[d] = (sum_j fma(p_j, v_j[d])) / l
+// Keys are visited in index order in every path, so the packed rows here and the cache below agree.
+
+inline float dot(const float* x, const float* y, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < n; ++d) acc = std::fma(x[d], y[d], acc);
+  return acc;
+}
+
+inline void exp_floats(const float* x, float* y, int64_t n) {
+  map_floats(x, y, n, exp_t<Scalar>, AGENTRL_EXP_LANES);
+}
+
+// one query against `count` keys (pointers to each key's and value's Dh floats); writes out[Dh], returns (m, l)
+inline void attend(const float* q, const float* const* keys, const float* const* values, int64_t count, int64_t Dh,
+                   float scale, float* scores, float* out, float* m_out, float* l_out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = scale * dot(q, keys[j], Dh);
+    m = std::max(m, scores[j]);
+  }
+  for (int64_t j = 0; j < count; ++j) scores[j] = scores[j] - m;
+  exp_floats(scores, scores, count);
+  float l = 0.0f;
+  for (int64_t d = 0; d < Dh; ++d) out[d] = 0.0f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float p = scores[j];
+    l += p;
+    const float* vj = values[j];
+    for (int64_t d = 0; d < Dh; ++d) out[d] = std::fma(p, vj[d], out[d]);
+  }
+  for (int64_t d = 0; d < Dh; ++d) out[d] = count ? out[d] / l : 0.0f;
+  *m_out = m;
+  *l_out = l;
+}
+
+// q, k, v [N, H, Dh] contiguous; starts [B + 1] (row b holds tokens starts[b] .. starts[b+1]-1)
+// -> out [N, H, Dh], stats [N, H, 2] (m, l) for the backward
+std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& starts_in) {
+  for (auto* t : {&q, &k, &v}) check_float(*t, "q/k/v");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && q.dim() == 3 && q.sizes() == k.sizes()
+              && q.sizes() == v.sizes(), "attention: q, k, v must be contiguous [N, H, Dh] of one shape");
+  const at::Tensor starts = starts_in.to(at::kLong).contiguous();
+  const int64_t H = q.size(1), Dh = q.size(2), B = starts.numel() - 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  at::Tensor out = at::empty_like(q), stats = at::empty({q.size(0), H, 2}, q.options());
+  const int64_t* st = starts.data_ptr<int64_t>();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *sp = stats.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<const float*> keys, values;
+    std::vector<float> scores;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, h = t % H, s0 = st[b], n = st[b + 1] - st[b];
+      keys.resize(n);
+      values.resize(n);
+      scores.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        keys[j] = kp + ((s0 + j) * H + h) * Dh;
+        values[j] = vp + ((s0 + j) * H + h) * Dh;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = (s0 + i) * H + h;
+        attend(qp + row * Dh, keys.data(), values.data(), i + 1, Dh, scale, scores.data(), op + row * Dh,
+               sp + row * 2, sp + row * 2 + 1);
+      }
+    }
+  });
+  return {out, stats};
+}
+
+// The gradient of attention_forward: with P_ij = p_ij / l_i, D_i = dot(dout_i, out_i) and
+// dS_ij = P_ij (dot(dout_i, v_j) - D_i):  dq_i = s sum_j dS_ij k_j,  dk_j = s sum_i dS_ij q_i,  dv_j = sum_i P_ij dout_i
+// (sums in index order).
+std::vector<at::Tensor> attention_backward(const at::Tensor& dout_in, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& out, const at::Tensor& stats,
+                                           const at::Tensor& starts_in) {
+  const at::Tensor dout = dout_in.contiguous();
+  check_float(dout, "dout");
+  const at::Tensor starts = starts_in.to(at::kLong).contiguous();
+  const int64_t H = q.size(1), Dh = q.size(2), B = starts.numel() - 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  const int64_t* st = starts.data_ptr<int64_t>();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *op = out.data_ptr<float>(), *sp = stats.data_ptr<float>(), *gp = dout.data_ptr<float>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> P, ds;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, h = t % H, s0 = st[b], n = st[b + 1] - st[b];
+      P.resize(n);
+      ds.resize(n);
+      auto at_ = [&](const float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
+      auto at_mut = [&](float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = (s0 + i) * H + h;
+        const float m = sp[row * 2], l = sp[row * 2 + 1];
+        const float* qi = at_(qp, i);
+        const float* gi = at_(gp, i);
+        const float Di = dot(gi, at_(op, i), Dh);
+        for (int64_t j = 0; j <= i; ++j) P[j] = scale * dot(qi, at_(kp, j), Dh) - m;
+        exp_floats(P.data(), P.data(), i + 1);
+        for (int64_t j = 0; j <= i; ++j) {
+          P[j] = P[j] / l;
+          ds[j] = P[j] * (dot(gi, at_(vp, j), Dh) - Di);
+          float* dvj = at_mut(dvp, j);
+          for (int64_t d = 0; d < Dh; ++d) dvj[d] = std::fma(P[j], gi[d], dvj[d]);
+        }
+        float* dqi = at_mut(dqp, i);
+        for (int64_t d = 0; d < Dh; ++d) dqi[d] = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* kj = at_(kp, j);
+          for (int64_t d = 0; d < Dh; ++d) dqi[d] = std::fma(ds[j], kj[d], dqi[d]);
+        }
+        for (int64_t d = 0; d < Dh; ++d) dqi[d] = scale * dqi[d];
+        for (int64_t j = 0; j <= i; ++j) {
+          float* dkj = at_mut(dkp, j);
+          const float w = scale * ds[j];
+          for (int64_t d = 0; d < Dh; ++d) dkj[d] = std::fma(w, qi[d], dkj[d]);
+        }
+      }
+    }
+  });
+  return {dq, dk, dv};
+}
+
+// The sampler's attention: queries q [M, H, Dh] at (row[m], slot[m]) of a cache keys, values [R, H, C, Dh] whose
+// slots valid [R, C] hold a token; query m attends to the valid slots <= slot[m] of its row, in slot order (the
+// same keys, in the same order, as the packed pass over that row's tokens).
+at::Tensor attention_cached(const at::Tensor& q_in, const at::Tensor& row_in, const at::Tensor& slot_in,
+                            const at::Tensor& keys, const at::Tensor& values, const at::Tensor& valid_in) {
+  const at::Tensor q = q_in.contiguous();
+  check_float(q, "q");
+  check_float(keys, "keys");
+  check_float(values, "values");
+  const at::Tensor row = row_in.to(at::kLong).contiguous(), slot = slot_in.to(at::kLong).contiguous();
+  const at::Tensor valid = valid_in.to(at::kBool).contiguous();
+  const int64_t M = q.size(0), H = q.size(1), Dh = q.size(2), C = valid.size(1);
+  TORCH_CHECK(keys.size(3) == Dh && keys.stride(3) == 1 && values.stride(3) == 1, "attention_cached: layout");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  at::Tensor out = at::empty_like(q);
+  const int64_t *rp = row.data_ptr<int64_t>(), *slp = slot.data_ptr<int64_t>();
+  const bool* vp = valid.data_ptr<bool>();
+  const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *valp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
+  const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
+  at::parallel_for(0, M * H, 16, [&](int64_t begin, int64_t end) {
+    std::vector<const float*> ks, vs;
+    std::vector<float> scores;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t m = t / H, h = t % H, r = rp[m], last = std::min<int64_t>(slp[m], C - 1);
+      ks.clear();
+      vs.clear();
+      for (int64_t j = 0; j <= last; ++j) {
+        if (!vp[r * C + j]) continue;
+        ks.push_back(kp + r * ks0 + h * ks1 + j * ks2);
+        vs.push_back(valp + r * vs0 + h * vs1 + j * vs2);
+      }
+      scores.resize(ks.size());
+      float mm_, l_;
+      attend(qp + (m * H + h) * Dh, ks.data(), vs.data(), static_cast<int64_t>(ks.size()), Dh, scale, scores.data(),
+             op + (m * H + h) * Dh, &mm_, &l_);
+    }
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------ elementwise
+
+#ifdef AGENTRL_X86
+#define AGENTRL_LANES(fn) [](__m256 v) { return fn<Avx2>(v); }
+#define AGENTRL_SQRT_LANES [](__m256 v) { return _mm256_sqrt_ps(v); }
+#else
+#define AGENTRL_LANES(fn) [](float v) { return v; }
+#define AGENTRL_SQRT_LANES [](float v) { return v; }
+#endif
+
+template <class F1, class F8>
+at::Tensor map(const at::Tensor& x_in, F1 f1, F8 f8) {
+  const at::Tensor x = x_in.contiguous();
+  check_float(x, "x");
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    map_floats(xp + begin, yp + begin, end - begin, f1, f8);
+  });
+  return y;
+}
+
+at::Tensor exp_(const at::Tensor& x) { return map(x, exp_t<Scalar>, AGENTRL_LANES(exp_t)); }
+at::Tensor gelu(const at::Tensor& x) { return map(x, gelu_t<Scalar>, AGENTRL_LANES(gelu_t)); }
+at::Tensor sqrt_(const at::Tensor& x) {
+  // the correctly rounded square root of IEEE 754, one instruction on every path
+  return map(x, [](float v) { return std::sqrt(v); }, AGENTRL_SQRT_LANES);
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
+  const at::Tensor g = grad_in.contiguous();
+  check_float(g, "grad");
+  TORCH_CHECK(g.sizes() == x_in.sizes(), "gelu_backward: shapes differ");
+  at::Tensor d = map(x_in, gelu_grad_t<Scalar>, AGENTRL_LANES(gelu_grad_t));
+  return d.mul_(g);   // g * gelu'(x), elementwise
+}
+
+void set_isa_cap(int64_t cap) { g_isa_cap = static_cast<int>(cap); }
+
+std::string isa() {
+  const int i = active_isa();
+  return i == 2 ? "avx512" : i == 1 ? "avx2" : "scalar";
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mm", &mm, "C = A B (+ bias), fixed order", py::arg("a"), py::arg("b"), py::arg("bias") = py::none());
+  m.def("attention_forward", &attention_forward);
+  m.def("attention_backward", &attention_backward);
+  m.def("attention_cached", &attention_cached);
+  m.def("exp", &exp_);
+  m.def("sqrt", &sqrt_);
+  m.def("gelu", &gelu);
+  m.def("gelu_backward", &gelu_backward);
+  m.def("set_isa_cap", &set_isa_cap);
+  m.def("isa", &isa);
+}

@@ -1,0 +1,159 @@
+"""TinyAgent's kernels as differentiable functions, and the two kernel sets a model can run on.
+
+    KERNELS["fixed"]   fixed.cpp: every result is defined by a fixed order of operations (the default; the same
+                       bits on any CPU vendor and vector width, at any thread count, for any batch composition)
+    KERNELS["torch"]   PyTorch's own operators (F.linear on MKL, scaled_dot_product_attention, F.gelu on oneDNN):
+                       the plain implementation, kept as the baseline `bench` measures against and as an independent
+                       check of the fixed kernels (tests/test_kernels.py)
+
+A kernel set has: linear(x, weight, bias), gelu(x), attention(q, k, v, starts) over packed rows (q, k, v [N, H, Dh];
+row b is tokens starts[b]..starts[b+1]-1, causal within the row) and attention_cached(q, row, slot, keys, values,
+valid) over a KV cache (agentrl.model.cache). `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
+(PyTorch's otherwise): MKL computes torch.exp and torch.sqrt with code that depends on the CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.core.registry import Registry
+from agentrl.model.kernels.build import load
+
+KERNELS = Registry("kernel set", field="kernels", module="agentrl.model.kernels.ops")
+
+
+def _fixed_eligible(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- the fixed kernels as autograd functions
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return load().mm(x, weight.t(), bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        ext = load()
+        dx = ext.mm(grad, weight) if ctx.needs_input_grad[0] else None
+        dw = ext.mm(grad.t(), x) if ctx.needs_input_grad[1] else None
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:   # the bias's gradient: a sum over rows, in row order
+            db = ext.mm(grad.new_ones(1, grad.shape[0]), grad).squeeze(0)
+        return dx, dw, db
+
+
+def fixed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K].T + bias [N] -> [..., N]."""
+    lead = x.shape[:-1]
+    return _Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias).view(*lead, weight.shape[0])
+
+
+class _Gelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return load().gelu(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return load().gelu_backward(grad, x)
+
+
+def fixed_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x Phi(x) (the erf form of GELU)."""
+    return _Gelu.apply(x)
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, starts):
+        out, stats = load().attention_forward(q, k, v, starts)
+        ctx.save_for_backward(q, k, v, out, stats, starts)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, stats, starts = ctx.saved_tensors
+        dq, dk, dv = load().attention_backward(grad, q, k, v, out, stats, starts)
+        return dq, dk, dv, None
+
+
+def fixed_attention(q, k, v, starts: torch.Tensor) -> torch.Tensor:
+    return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), starts)
+
+
+def fixed_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
+    return load().attention_cached(q, row, slot, keys, values, valid)
+
+
+class _Exp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = load().exp(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x: the fixed kernel on a float32 CPU tensor, torch.exp otherwise."""
+    return _Exp.apply(x) if _fixed_eligible(x) else torch.exp(x)
+
+
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root (no gradient): the fixed kernel on a float32 CPU tensor, torch.sqrt
+    otherwise."""
+    return load().sqrt(x) if _fixed_eligible(x) else torch.sqrt(x)
+
+
+# ---------------------------------------------------------------- PyTorch's operators, the same interface
+
+def padded(x: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed rows x [N, ...] -> right-padded [B, T, ...] (zeros after each row) and the flat index of each token
+    in [B * T]."""
+    lengths = starts[1:] - starts[:-1]
+    T = int(lengths.max()) if lengths.numel() else 0
+    at = (torch.arange(T)[None] < lengths[:, None]).reshape(-1).nonzero().squeeze(1)
+    out = x.new_zeros(lengths.numel() * T, *x.shape[1:])
+    out[at] = x
+    return out.view(lengths.numel(), T, *x.shape[1:]), at
+
+
+def torch_attention(q, k, v, starts: torch.Tensor) -> torch.Tensor:
+    (qp, at), (kp, _), (vp, _) = padded(q, starts), padded(k, starts), padded(v, starts)
+    y = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), is_causal=True)
+    return y.transpose(1, 2).reshape(-1, *q.shape[1:])[at]
+
+
+def torch_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
+    """Each query [M, H, Dh] against its row's valid slots up to its own (a mask over every used slot)."""
+    S = int(slot.max()) + 1
+    visible = valid[row, :S] & (torch.arange(S)[None] <= slot[:, None])
+    mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))[:, None, None]
+    y = F.scaled_dot_product_attention(q[:, :, None], keys[row, :, :S], values[row, :, :S], attn_mask=mask)
+    return y[:, :, 0]
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    name: str
+    linear: object
+    gelu: object
+    attention: object
+    attention_cached: object
+
+
+KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached))
+KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
