@@ -168,19 +168,34 @@ class TinyAgent(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
 
-    def forward_cached(self, ids, pos, valid, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def forward_cached(self, ids, pos, valid, cache: KVCache, last: bool = False,
+                       weights: list[torch.Tensor] | None = None) -> torch.Tensor:
         """ids, pos, valid [B, L]: one chunk of slots, appended to the cache. Returns the logits of every slot
         [B, L, V]; or, with `last`, only those after each row's last valid slot, for the rows that have one
-        [rows, V], and then only the valid slots are computed."""
+        [rows, V], and then only the valid slots are computed. `weights`: _block_weights(), if the caller holds
+        them."""
         B, L = ids.shape
         chunk = Chunk(valid, cache.append(valid), packed=last)
         x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
             self.pos_table[pos.reshape(-1)[chunk.computed]]
-        for i, block in enumerate(self.blocks):
-            x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
+        if self.kernels.decode is not None and not torch.is_grad_enabled():
+            x = self.kernels.decode(x, weights or self._block_weights(), cache.kv, cache.valid, chunk.row,
+                                    chunk.slots, self.blocks[0].ln1.eps)
+        else:
+            for i, block in enumerate(self.blocks):
+                x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
         if not last:
             return self._logits(x).view(B, L, -1)
         return self._logits(x if L == 1 else x[chunk.last])
+
+    def _block_weights(self) -> list[torch.Tensor]:
+        """Every block's tensors in Block.cached's order of use (the kernel set's decode reads them)."""
+        out = []
+        for b in self.blocks:
+            up, _, down = b.mlp
+            out += [b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.proj.weight,
+                    b.attn.proj.bias, b.ln2.weight, b.ln2.bias, up.weight, up.bias, down.weight, down.bias]
+        return out
 
     # ---------------------------------------------------------------- the policy-backend interface
 
@@ -242,6 +257,7 @@ class CachedSampler:
     def __init__(self, model: TinyAgent, pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.cache = model.new_cache()
+        self.weights = model._block_weights()      # the same tensors for the whole batch (sampling is no-grad)
         self.lengths: torch.Tensor | None = None   # tokens in each cache row
 
     def append(self, chunks: list[list[int]]) -> torch.Tensor:
@@ -253,13 +269,14 @@ class CachedSampler:
         offs = torch.arange(L)[None]
         pos = (self.lengths[:, None] + offs).clamp(max=self.model.cfg.max_len - 1)
         logits = self.model.forward_cached(pad_rows(chunks, self.pad_id, L), pos, offs < n[:, None], self.cache,
-                                           last=True)
+                                           last=True, weights=self.weights)
         self.lengths += n
         return logits
 
     def step(self, tokens: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """tokens [rows, 1] (padding where not active), active [rows] -> logits after them [active rows, V]."""
-        logits = self.model.forward_cached(tokens, self.lengths[:, None], active[:, None], self.cache, last=True)
+        logits = self.model.forward_cached(tokens, self.lengths[:, None], active[:, None], self.cache, last=True,
+                                           weights=self.weights)
         self.lengths += active
         return logits
 

@@ -116,7 +116,8 @@ def _build(name: str, directory: Path, flags: list[str], verbose: bool):
         return torch_load(name, [str(SOURCE)], extra_cflags=flags, extra_ldflags=LDFLAGS,
                           build_directory=str(directory), verbose=verbose)
     except (RuntimeError, OSError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = str(exc).strip().splitlines()
+        first = next((line.strip() for line in lines if "error:" in line), lines[0] if lines else type(exc).__name__)
         raise KernelBuildError(f"{SOURCE.name}: the C++ kernels did not build ({first}); a C++ compiler (g++) and "
                                f"ninja are needed: `make install` installs them into the virtualenv, "
                                f"AGENTRL_KERNELS_VERBOSE=1 shows the compiler's output") from None

@@ -96,8 +96,10 @@ constexpr float kExpHi = 88.72283935546875f, kExpLo = -103.97208404541015625f;
 // exp(x): Cody-Waite reduction x = n ln2 + r (|r| <= ln2/2), a degree-6 minimax polynomial (Cephes' expf),
 // then 2^n applied in two steps so that results below the normal range round once, as denormals. NaN stays NaN,
 // exp(x > kExpHi) = inf, exp(x < kExpLo) = 0.
+#define AGENTRL_INLINE inline __attribute__((always_inline))
+
 template <class O>
-typename O::V exp_t(typename O::V x) {
+AGENTRL_INLINE typename O::V exp_t(typename O::V x) {
   using V = typename O::V;
   const V xc = O::clamp(x, kExpLo, kExpHi);
   const V n = O::floor(O::fma(xc, O::set(1.44269504088896341f), O::set(0.5f)));
@@ -120,7 +122,7 @@ typename O::V exp_t(typename O::V x) {
 
 // erfc(z) for z >= 0: Numerical Recipes' erfcc (fractional error < 1.2e-7 in exact arithmetic).
 template <class O>
-typename O::V erfc_nonneg_t(typename O::V z) {
+AGENTRL_INLINE typename O::V erfc_nonneg_t(typename O::V z) {
   using V = typename O::V;
   const V t = O::div(O::set(1.0f), O::fma(O::set(0.5f), z, O::set(1.0f)));
   V p = O::set(0.17087277f);
@@ -141,7 +143,7 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 // Phi(x) = P(N(0,1) <= x) = erfc(-x / sqrt 2) / 2, from erfc(|u|): erfc(u) = 2 - erfc(-u) for u < 0
 template <class O>
-typename O::V normal_cdf_t(typename O::V x) {
+AGENTRL_INLINE typename O::V normal_cdf_t(typename O::V x) {
   const typename O::V u = O::mul(O::neg(x), O::set(kInvSqrt2)), e = erfc_nonneg_t<O>(O::abs(u));
   return O::mul(O::set(0.5f), O::select(O::ge(u, O::set(0.0f)), e, O::sub(O::set(2.0f), e)));
 }
@@ -389,7 +391,9 @@ at::Tensor mm(const at::Tensor& a_in, const at::Tensor& b, const c10::optional<a
 //   score_j = s * dot(q_i, k_j)            dot: fma over d in order, from +0
 //   m = max_j score_j;  p_j = exp(score_j - m);  l = sum_j p_j (j in order)
 //   out_i[d] = (sum_j fma(p_j, v_j[d])) / l
-// Keys are visited in index order in every path, so the packed rows here and the cache below agree.
+// Keys are visited in index order in every path, so the packed rows here and the cache below agree. The backward
+// first copies a head's keys and values into blocks transposed to [Dh][keys], so that eight of its dot products
+// run in eight lanes at once, each lane still summing over d in order.
 
 inline float dot(const float* x, const float* y, int64_t n) {
   float acc = 0.0f;
@@ -399,6 +403,40 @@ inline float dot(const float* x, const float* y, int64_t n) {
 
 inline void exp_floats(const float* x, float* y, int64_t n) {
   map_floats(x, y, n, exp_t<Scalar>, AGENTRL_EXP_LANES);
+}
+
+// keys (or values) of one head, transposed: t[d * stride + j] = the d-th element of key j
+struct Transposed {
+  std::vector<float> t;
+  int64_t stride = 0;
+  void fill(const float* const* rows, int64_t count, int64_t Dh) {
+    stride = (count + 7) & ~int64_t{7};
+    t.assign(static_cast<size_t>(Dh * stride), 0.0f);
+    for (int64_t j = 0; j < count; ++j)
+      for (int64_t d = 0; d < Dh; ++d) t[d * stride + j] = rows[j][d];
+  }
+};
+
+// out[j] = scale * dot(q, key j) - shift for j < count (the keys transposed in kt): the scalar path's operations
+inline void scores(const float* q, const Transposed& kt, int64_t count, int64_t Dh, float scale, float shift,
+                   float* out) {
+  int64_t j = 0;
+#ifdef AGENTRL_X86
+  if (active_isa() >= 1) {
+    const __m256 s = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
+    for (; j + 8 <= count; j += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < Dh; ++d)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_loadu_ps(kt.t.data() + d * kt.stride + j), acc);
+      _mm256_storeu_ps(out + j, _mm256_sub_ps(_mm256_mul_ps(s, acc), sh));
+    }
+  }
+#endif
+  for (; j < count; ++j) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < Dh; ++d) acc = std::fma(q[d], kt.t[d * kt.stride + j], acc);
+    out[j] = scale * acc - shift;
+  }
 }
 
 // one query against `count` keys (pointers to each key's and value's Dh floats); writes out[Dh], returns (m, l)
@@ -477,31 +515,43 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dout_in, const at::
   const float *op = out.data_ptr<float>(), *sp = stats.data_ptr<float>(), *gp = dout.data_ptr<float>();
   float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> P, ds;
+    std::vector<const float*> keys, values;
+    std::vector<float> P, dp, ds;
+    Transposed kt, vt;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / H, h = t % H, s0 = st[b], n = st[b + 1] - st[b];
-      P.resize(n);
+      keys.resize(n);
+      values.resize(n);
+      P.resize(n + 8);
+      dp.resize(n + 8);
       ds.resize(n);
       auto at_ = [&](const float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
       auto at_mut = [&](float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
+      for (int64_t j = 0; j < n; ++j) {
+        keys[j] = at_(kp, j);
+        values[j] = at_(vp, j);
+      }
+      kt.fill(keys.data(), n, Dh);
+      vt.fill(values.data(), n, Dh);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = (s0 + i) * H + h;
         const float m = sp[row * 2], l = sp[row * 2 + 1];
         const float* qi = at_(qp, i);
         const float* gi = at_(gp, i);
         const float Di = dot(gi, at_(op, i), Dh);
-        for (int64_t j = 0; j <= i; ++j) P[j] = scale * dot(qi, at_(kp, j), Dh) - m;
+        scores(qi, kt, i + 1, Dh, scale, m, P.data());   // scale * dot(q_i, k_j) - m
         exp_floats(P.data(), P.data(), i + 1);
+        scores(gi, vt, i + 1, Dh, 1.0f, 0.0f, dp.data());   // 1 * dot(dout_i, v_j) - 0: the dot itself
         for (int64_t j = 0; j <= i; ++j) {
           P[j] = P[j] / l;
-          ds[j] = P[j] * (dot(gi, at_(vp, j), Dh) - Di);
+          ds[j] = P[j] * (dp[j] - Di);
           float* dvj = at_mut(dvp, j);
           for (int64_t d = 0; d < Dh; ++d) dvj[d] = std::fma(P[j], gi[d], dvj[d]);
         }
         float* dqi = at_mut(dqp, i);
         for (int64_t d = 0; d < Dh; ++d) dqi[d] = 0.0f;
         for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = at_(kp, j);
+          const float* kj = keys[j];
           for (int64_t d = 0; d < Dh; ++d) dqi[d] = std::fma(ds[j], kj[d], dqi[d]);
         }
         for (int64_t d = 0; d < Dh; ++d) dqi[d] = scale * dqi[d];
@@ -582,7 +632,7 @@ at::Tensor map(const at::Tensor& x_in, F1 f1, F8 f8) {
 }
 
 at::Tensor exp_(const at::Tensor& x) { return map(x, exp_t<Scalar>, AGENTRL_LANES(exp_t)); }
-at::Tensor gelu(const at::Tensor& x) { return map(x, gelu_t<Scalar>, AGENTRL_LANES(gelu_t)); }
+at::Tensor gelu_(const at::Tensor& x) { return map(x, gelu_t<Scalar>, AGENTRL_LANES(gelu_t)); }
 at::Tensor sqrt_(const at::Tensor& x) {
   // the correctly rounded square root of IEEE 754, one instruction on every path
   return map(x, [](float v) { return std::sqrt(v); }, AGENTRL_SQRT_LANES);
@@ -594,6 +644,43 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
   TORCH_CHECK(g.sizes() == x_in.sizes(), "gelu_backward: shapes differ");
   at::Tensor d = map(x_in, gelu_grad_t<Scalar>, AGENTRL_LANES(gelu_grad_t));
   return d.mul_(g);   // g * gelu'(x), elementwise
+}
+
+// ------------------------------------------------------------------------------------------------ decode
+// The sampler's pass through every block in one call: the same operations, in the same order, as the model's
+// per-layer path (agentrl.model.policy: Block.cached) -- ATen's layer norm and addition, the kernels above -- so
+// its results are that path's bits, without a Python call per operation.
+//   x [M, D] at the chunk's computed slots; per layer 12 tensors (ln1 w, b; qkv w, b; proj w, b; ln2 w, b; up w, b;
+//   down w, b); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
+at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at::Tensor& kv, const at::Tensor& valid,
+                  const at::Tensor& row_in, const at::Tensor& slot_in, double eps) {
+  const int64_t layers = kv.size(1), M = x.size(0), D = x.size(1), H = kv.size(3), Dh = kv.size(5);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 12 * layers, "decode: 12 weight tensors per layer");
+  TORCH_CHECK(H * Dh == D, "decode: heads do not tile the model width");
+  const at::Tensor row = row_in.to(at::kLong).contiguous(), slot = slot_in.to(at::kLong).contiguous();
+  const int64_t* rp = row.data_ptr<int64_t>();
+  const int64_t* sp = slot.data_ptr<int64_t>();
+  for (int64_t i = 0; i < layers; ++i) {
+    const at::Tensor* w = weights.data() + 12 * i;
+    const at::Tensor keys = kv[0][i], values = kv[1][i];
+    const at::Tensor qkv = mm(at::layer_norm(x, {D}, w[0], w[1], eps), w[2].t(), w[3]);   // [M, 3D]
+    const float* qkvp = qkv.data_ptr<float>();
+    float* kp = keys.data_ptr<float>();
+    float* vp = values.data_ptr<float>();
+    const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* src = qkvp + m * 3 * D + h * Dh;
+        std::memcpy(kp + rp[m] * ks0 + h * ks1 + sp[m] * ks2, src + D, sizeof(float) * Dh);
+        std::memcpy(vp + rp[m] * ks0 + h * ks1 + sp[m] * ks2, src + 2 * D, sizeof(float) * Dh);
+      }
+    const at::Tensor q = qkv.narrow(1, 0, D).reshape({M, H, Dh});
+    const at::Tensor y = attention_cached(q, row, slot, keys, values, valid).reshape({M, D});
+    x = at::add(x, mm(y, w[4].t(), w[5]));
+    const at::Tensor h2 = at::layer_norm(x, {D}, w[6], w[7], eps);
+    x = at::add(x, mm(gelu_(mm(h2, w[8].t(), w[9])), w[10].t(), w[11]));
+  }
+  return x;
 }
 
 void set_isa_cap(int64_t cap) { g_isa_cap = static_cast<int>(cap); }
@@ -610,9 +697,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_forward", &attention_forward);
   m.def("attention_backward", &attention_backward);
   m.def("attention_cached", &attention_cached);
+  m.def("decode", &decode);
   m.def("exp", &exp_);
   m.def("sqrt", &sqrt_);
-  m.def("gelu", &gelu);
+  m.def("gelu", &gelu_);
   m.def("gelu_backward", &gelu_backward);
   m.def("set_isa_cap", &set_isa_cap);
   m.def("isa", &isa);

@@ -8,7 +8,8 @@
 
 A kernel set has: linear(x, weight, bias), gelu(x), attention(q, k, v, starts) over packed rows (q, k, v [N, H, Dh];
 row b is tokens starts[b]..starts[b+1]-1, causal within the row) and attention_cached(q, row, slot, keys, values,
-valid) over a KV cache (agentrl.model.cache). `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
+valid) over a KV cache (agentrl.model.cache), and optionally decode(...): the sampler's pass through every block in
+one call. `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
 (PyTorch's otherwise): MKL computes torch.exp and torch.sqrt with code that depends on the CPU.
 """
 from __future__ import annotations
@@ -146,6 +147,10 @@ def torch_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
     return y[:, :, 0]
 
 
+def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float) -> torch.Tensor:
+    return load().decode(x, weights, kv, valid, row, slot, eps)
+
+
 @dataclass(frozen=True)
 class KernelSet:
     name: str
@@ -153,7 +158,9 @@ class KernelSet:
     gelu: object
     attention: object
     attention_cached: object
+    decode: object = None   # every block of the sampler's pass in one call (no gradient), the per-layer path's bits
 
 
-KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached))
+KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached,
+                                    fixed_decode))
 KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
