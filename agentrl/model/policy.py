@@ -172,14 +172,14 @@ class TinyAgent(nn.Module):
                        weights: list[torch.Tensor] | None = None) -> torch.Tensor:
         """ids, pos, valid [B, L]: one chunk of slots, appended to the cache. Returns the logits of every slot
         [B, L, V]; or, with `last`, only those after each row's last valid slot, for the rows that have one
-        [rows, V], and then only the valid slots are computed. `weights`: _block_weights(), if the caller holds
+        [rows, V], and then only the valid slots are computed. `weights`: decode_weights(), if the caller holds
         them."""
         B, L = ids.shape
         chunk = Chunk(valid, cache.append(valid), packed=last)
         x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
             self.pos_table[pos.reshape(-1)[chunk.computed]]
         if self.kernels.decode is not None and not torch.is_grad_enabled():
-            x = self.kernels.decode(x, weights or self._block_weights(), cache.kv, cache.valid, chunk.row,
+            x = self.kernels.decode(x, weights or self.decode_weights(), cache.kv, cache.valid, chunk.row,
                                     chunk.slots, self.blocks[0].ln1.eps)
         else:
             for i, block in enumerate(self.blocks):
@@ -188,14 +188,17 @@ class TinyAgent(nn.Module):
             return self._logits(x).view(B, L, -1)
         return self._logits(x if L == 1 else x[chunk.last])
 
-    def _block_weights(self) -> list[torch.Tensor]:
-        """Every block's tensors in Block.cached's order of use (the kernel set's decode reads them)."""
+    def decode_weights(self) -> list[torch.Tensor] | None:
+        """Every block's tensors in Block.cached's order of use, as the kernel set's decode takes them (None
+        without one)."""
+        if self.kernels.decode_weights is None:
+            return None
         out = []
         for b in self.blocks:
             up, _, down = b.mlp
             out += [b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.proj.weight,
                     b.attn.proj.bias, b.ln2.weight, b.ln2.bias, up.weight, up.bias, down.weight, down.bias]
-        return out
+        return self.kernels.decode_weights(out)
 
     # ---------------------------------------------------------------- the policy-backend interface
 
@@ -257,7 +260,7 @@ class CachedSampler:
     def __init__(self, model: TinyAgent, pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.cache = model.new_cache()
-        self.weights = model._block_weights()      # the same tensors for the whole batch (sampling is no-grad)
+        self.weights = model.decode_weights()      # packed once: the weights do not change while a batch samples
         self.lengths: torch.Tensor | None = None   # tokens in each cache row
 
     def append(self, chunks: list[list[int]]) -> torch.Tensor:

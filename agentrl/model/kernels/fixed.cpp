@@ -198,6 +198,13 @@ void pack_b(const float* b, int64_t K, int64_t N, int64_t sk, int64_t sn, int P,
   for (int64_t p = 0; p < panels; ++p) {
     float* dst = out + p * K * P;
     const int64_t n0 = p * P, width = std::min<int64_t>(P, N - n0);
+    if (sk == 1) {   // B's columns are contiguous (a transposed matrix): read them in order
+      for (int64_t j = 0; j < P; ++j) {
+        const float* col = b + (n0 + j) * sn;
+        for (int64_t k = 0; k < K; ++k) dst[k * P + j] = j < width ? col[k] : 0.0f;
+      }
+      continue;
+    }
     for (int64_t k = 0; k < K; ++k) {
       int64_t j = 0;
       for (; j < width; ++j) dst[k * P + j] = b[k * sk + (n0 + j) * sn];
@@ -221,14 +228,14 @@ std::vector<float> pad_last_block(const float* a, int64_t M, int64_t K, int64_t 
 
 // one block of A (R rows at a, row stride ar, column stride ak; only the first `rows` are stored) times one panel of B
 template <int R>
-void block_scalar(int rows, const float* a, int64_t ar_, int64_t ak, const float* panel, int64_t K,
+void block_scalar(int rows, const float* a, int64_t ar_, int64_t ak, const float* panel, int64_t ldp, int64_t K,
                   const float* bias, float* c, int64_t ldc, int64_t width, bool resume) {
   constexpr int P = 16;
   float acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < P; ++j) acc[r][j] = resume && r < rows && j < width ? c[r * ldc + j] : 0.0f;
   for (int64_t k = 0; k < K; ++k) {
-    const float* bk = panel + k * P;
+    const float* bk = panel + k * ldp;
     for (int r = 0; r < R; ++r) {
       const float ar = a[k * ak + r * ar_];
       for (int j = 0; j < P; ++j) acc[r][j] = std::fma(ar, bk[j], acc[r][j]);
@@ -240,8 +247,8 @@ void block_scalar(int rows, const float* a, int64_t ar_, int64_t ak, const float
 #ifdef AGENTRL_X86
 template <int R>
 __attribute__((target("avx2,fma"))) void block_avx2(int rows, const float* a, int64_t ar_, int64_t ak,
-                                                    const float* panel, int64_t K, const float* bias, float* c,
-                                                    int64_t ldc, int64_t width, bool resume) {
+                                                    const float* panel, int64_t ldp, int64_t K, const float* bias,
+                                                    float* c, int64_t ldc, int64_t width, bool resume) {
   __m256 acc[R][2];
   alignas(32) float tmp[16];
   for (int r = 0; r < R; ++r) {
@@ -254,7 +261,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(int rows, const float* a, in
     }
   }
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    const __m256 b0 = _mm256_loadu_ps(panel + k * ldp), b1 = _mm256_loadu_ps(panel + k * ldp + 8);
     for (int r = 0; r < R; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + k * ak + r * ar_);
       acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
@@ -275,8 +282,8 @@ __attribute__((target("avx2,fma"))) void block_avx2(int rows, const float* a, in
 
 template <int R>
 __attribute__((target("avx512f"))) void block_avx512(int rows, const float* a, int64_t ar_, int64_t ak,
-                                                     const float* panel, int64_t K, const float* bias, float* c,
-                                                     int64_t ldc, int64_t width, bool resume) {
+                                                     const float* panel, int64_t ldp, int64_t K, const float* bias,
+                                                     float* c, int64_t ldc, int64_t width, bool resume) {
   const __mmask16 m0 = width >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << width) - 1);
   const __mmask16 m1 = width >= 32 ? __mmask16(0xFFFF) : width <= 16 ? __mmask16(0) : __mmask16((1u << (width - 16)) - 1);
   __m512 acc[R][2];
@@ -286,7 +293,7 @@ __attribute__((target("avx512f"))) void block_avx512(int rows, const float* a, i
     acc[r][1] = load ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(panel + k * 32), b1 = _mm512_loadu_ps(panel + k * 32 + 16);
+    const __m512 b0 = _mm512_loadu_ps(panel + k * ldp), b1 = _mm512_loadu_ps(panel + k * ldp + 16);
     for (int r = 0; r < R; ++r) {
       const __m512 ar = _mm512_set1_ps(a[k * ak + r * ar_]);
       acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
@@ -320,13 +327,13 @@ constexpr int kRowsOf[3] = {4, 6, 8};
 constexpr int kPanelOf[3] = {16, 16, 32};
 
 // resume: continue the sums stored in c (a later slice of K); bias: given with the last slice only
-void block_rows(int isa, int rows, const float* a, int64_t ar, int64_t ak, const float* panel, int64_t K,
+void block_rows(int isa, int rows, const float* a, int64_t ar, int64_t ak, const float* panel, int64_t ldp, int64_t K,
                 const float* bias, float* c, int64_t ldc, int64_t width, bool resume) {
 #ifdef AGENTRL_X86
-  if (isa == 2) return block_avx512<8>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
-  if (isa == 1) return block_avx2<6>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
+  if (isa == 2) return block_avx512<8>(rows, a, ar, ak, panel, ldp, K, bias, c, ldc, width, resume);
+  if (isa == 1) return block_avx2<6>(rows, a, ar, ak, panel, ldp, K, bias, c, ldc, width, resume);
 #endif
-  block_scalar<4>(rows, a, ar, ak, panel, K, bias, c, ldc, width, resume);
+  block_scalar<4>(rows, a, ar, ak, panel, ldp, K, bias, c, ldc, width, resume);
 }
 
 // K is cut into slices of kSlice: a thread runs every block of its share for one slice before the next slice (the
@@ -338,28 +345,14 @@ void check_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, ": expected a float32 CPU tensor");
 }
 
-// a [M, K] (any strides), b [K, N] (any strides), bias [N] or undefined -> [M, N]
-at::Tensor mm(const at::Tensor& a_in, const at::Tensor& b, const c10::optional<at::Tensor>& bias_in) {
-  check_float(a_in, "a");
-  check_float(b, "b");
-  TORCH_CHECK(a_in.dim() == 2 && b.dim() == 2 && a_in.size(1) == b.size(0), "mm: shapes ", a_in.sizes(), " and ",
-              b.sizes(), " do not chain");
-  const at::Tensor& a = a_in;
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  at::Tensor bias;
-  if (bias_in.has_value() && bias_in->defined()) {
-    bias = bias_in->contiguous();
-    check_float(bias, "bias");
-    TORCH_CHECK(bias.numel() == N, "mm: bias has ", bias.numel(), " entries for ", N, " columns");
-  }
+// C = A B (+ bias) with B given as panels: panel p starts at panels[p] with row stride ldp[p]
+at::Tensor mm_panels(const at::Tensor& a, int64_t N, const std::vector<const float*>& panel, const std::vector<int64_t>& ldp,
+                     int isa, const at::Tensor& bias) {
+  const int64_t M = a.size(0), K = a.size(1);
   at::Tensor c = at::empty({M, N}, a.options());
   if (M == 0 || N == 0) return c;
-  const int isa = active_isa();
   const int P = kPanelOf[isa], R = kRowsOf[isa];
-  const int64_t panels = (N + P - 1) / P;
-  std::vector<float> packed(static_cast<size_t>(panels * K * P));
-  pack_b(b.data_ptr<float>(), K, N, b.stride(0), b.stride(1), P, packed.data());
-  const int64_t row_blocks = (M + R - 1) / R;
+  const int64_t panels = (N + P - 1) / P, row_blocks = (M + R - 1) / R;
   const float* ap = a.data_ptr<float>();
   const int64_t sm = a.stride(0), sk = a.stride(1);
   const std::vector<float> tail = M % R ? pad_last_block(ap, M, K, sm, sk, R) : std::vector<float>();
@@ -378,12 +371,94 @@ at::Tensor mm(const at::Tensor& a_in, const at::Tensor& b, const c10::optional<a
         const int64_t width = std::min<int64_t>(P, N - n0);
         const bool partial = rows < R;
         const float* ablock = partial ? tail.data() + k0 * R : ap + m0 * sm + k0 * sk;
-        block_rows(isa, rows, ablock, partial ? 1 : sm, partial ? R : sk, packed.data() + p * K * P + k0 * P, kc,
+        block_rows(isa, rows, ablock, partial ? 1 : sm, partial ? R : sk, panel[p] + k0 * ldp[p], ldp[p], kc,
                    last && bp ? bp + n0 : nullptr, cp + m0 * N + n0, N, width, k0 > 0);
       }
     }
   });
   return c;
+}
+
+at::Tensor checked_bias(const c10::optional<at::Tensor>& bias_in, int64_t N) {
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) {
+    bias = bias_in->contiguous();
+    check_float(bias, "bias");
+    TORCH_CHECK(bias.numel() == N, "mm: bias has ", bias.numel(), " entries for ", N, " columns");
+  }
+  return bias;
+}
+
+// a [M, K] (any strides), b [K, N] (any strides), bias [N] or undefined -> [M, N]
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias_in) {
+  check_float(a, "a");
+  check_float(b, "b");
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "mm: shapes ", a.sizes(), " and ", b.sizes(),
+              " do not chain");
+  const int64_t K = a.size(1), N = b.size(1);
+  const at::Tensor bias = checked_bias(bias_in, N);
+  const int isa = active_isa();
+  const int P = kPanelOf[isa];
+  const int64_t panels = (N + P - 1) / P;
+  // B with contiguous rows is read in place, panel p at b + p * P with row stride ldb; otherwise (and for a last
+  // panel narrower than P) it is copied into panels [K][P]
+  const bool direct = b.stride(1) == 1 && K > 0;
+  const int64_t full = direct ? N / P : 0;
+  std::vector<float> packed(static_cast<size_t>((panels - full) * K * P));
+  if (panels > full)
+    pack_b(b.data_ptr<float>() + full * P * b.stride(1), K, N - full * P, b.stride(0), b.stride(1), P,
+           packed.data());
+  std::vector<const float*> panel(panels);
+  std::vector<int64_t> ldp(panels);
+  for (int64_t p = 0; p < panels; ++p) {
+    const bool in_place = p < full;
+    panel[p] = in_place ? b.data_ptr<float>() + p * P : packed.data() + (p - full) * K * P;
+    ldp[p] = in_place ? b.stride(0) : P;
+  }
+  return mm_panels(a, N, panel, ldp, isa, bias);
+}
+
+// A linear layer's weight [N, K] packed once as the panels of its transpose, [panels, K, P] (P: the active path's
+// panel width), for calls that multiply by the same weight many times (the sampler's decode)
+at::Tensor pack_linear(const at::Tensor& w_in) {
+  const at::Tensor w = w_in.contiguous();
+  check_float(w, "weight");
+  const int64_t N = w.size(0), K = w.size(1);
+  const int P = kPanelOf[active_isa()];
+  const int64_t panels = (N + P - 1) / P;
+  at::Tensor out = at::empty({panels, K, P}, w.options());
+  pack_b(w.data_ptr<float>(), K, N, 1, K, P, out.data_ptr<float>());
+  return out;
+}
+
+// x [M, K] @ w.T + bias with w packed by pack_linear (N: w's rows)
+at::Tensor mm_packed(const at::Tensor& a, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias_in) {
+  check_float(a, "a");
+  const int isa = active_isa();
+  const int64_t panels = packed.size(0), K = packed.size(1), P = packed.size(2);
+  TORCH_CHECK(P == kPanelOf[isa] && a.size(1) == K && panels * P >= N, "mm_packed: weights packed for another path");
+  std::vector<const float*> panel(panels);
+  std::vector<int64_t> ldp(panels, P);
+  for (int64_t p = 0; p < panels; ++p) panel[p] = packed.data_ptr<float>() + p * K * P;
+  return mm_panels(a, N, panel, ldp, isa, checked_bias(bias_in, N));
+}
+
+// s[n] = sum over m of x[m, n], m in order (what mm(ones [1, M], x) computes: fma(1, x, s) is s + x), lanes over n
+at::Tensor colsum(const at::Tensor& x_in) {
+  const at::Tensor x = x_in.contiguous();
+  check_float(x, "x");
+  TORCH_CHECK(x.dim() == 2, "colsum: a matrix");
+  const int64_t M = x.size(0), N = x.size(1);
+  at::Tensor s = at::zeros({N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = xp + m * N;
+      for (int64_t n = begin; n < end; ++n) sp[n] = sp[n] + row[n];
+    }
+  });
+  return s;
 }
 
 // ------------------------------------------------------------------------------------------------ attention
@@ -462,6 +537,70 @@ inline void attend(const float* q, const float* const* keys, const float* const*
   *l_out = l;
 }
 
+// The accumulation of attend() for up to four queries at once: l_g += p_g[j] and out_g += p_g[j] v_g[j] for
+// j in order, each query its own chain, interleaved so that the chains overlap (Dh == 16 on AVX2; otherwise one
+// query at a time). p_g holds exp(score - m) already; out_g[Dh] = sum / l.
+inline void accumulate_group(int nq, const float* const* p, const float* const* const* values, const int64_t* count,
+                             int64_t Dh, float* const* out, float* l_out) {
+#ifdef AGENTRL_X86
+  if (Dh == 16 && active_isa() >= 1) {
+    __m256 o0[4], o1[4];
+    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t common = count[0];
+    for (int g = 0; g < nq; ++g) {
+      o0[g] = o1[g] = _mm256_setzero_ps();
+      common = std::min(common, count[g]);
+    }
+    int64_t j = 0;
+    if (nq == 4) {
+      for (; j < common; ++j)
+        for (int g = 0; g < 4; ++g) {
+          const float pj = p[g][j];
+          l[g] += pj;
+          const __m256 w = _mm256_set1_ps(pj);
+          o0[g] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[g][j]), o0[g]);
+          o1[g] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[g][j] + 8), o1[g]);
+        }
+    }
+    for (int g = 0; g < nq; ++g) {
+      for (int64_t jj = j; jj < count[g]; ++jj) {
+        const float pj = p[g][jj];
+        l[g] += pj;
+        const __m256 w = _mm256_set1_ps(pj);
+        o0[g] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[g][jj]), o0[g]);
+        o1[g] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[g][jj] + 8), o1[g]);
+      }
+      const __m256 denom = _mm256_set1_ps(l[g]);
+      const bool any = count[g] > 0;
+      _mm256_storeu_ps(out[g], any ? _mm256_div_ps(o0[g], denom) : _mm256_setzero_ps());
+      _mm256_storeu_ps(out[g] + 8, any ? _mm256_div_ps(o1[g], denom) : _mm256_setzero_ps());
+      l_out[g] = l[g];
+    }
+    return;
+  }
+#endif
+  for (int g = 0; g < nq; ++g) {
+    float l = 0.0f;
+    float* o = out[g];
+    for (int64_t d = 0; d < Dh; ++d) o[d] = 0.0f;
+    for (int64_t j = 0; j < count[g]; ++j) {
+      l += p[g][j];
+      for (int64_t d = 0; d < Dh; ++d) o[d] = std::fma(p[g][j], values[g][j][d], o[d]);
+    }
+    for (int64_t d = 0; d < Dh; ++d) o[d] = count[g] ? o[d] / l : 0.0f;
+    l_out[g] = l;
+  }
+}
+
+// exp(score - m) of one query in place over p[count] (p holds the scores); returns m
+inline float softmax_numerators(float* p, int64_t count) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < count; ++j) m = std::max(m, p[j]);
+  for (int64_t j = 0; j < count; ++j) p[j] = p[j] - m;
+  exp_floats(p, p, count);
+  return m;
+}
+
 // q, k, v [N, H, Dh] contiguous; starts [B + 1] (row b holds tokens starts[b] .. starts[b+1]-1)
 // -> out [N, H, Dh], stats [N, H, 2] (m, l) for the backward
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -478,20 +617,37 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   float *op = out.data_ptr<float>(), *sp = stats.data_ptr<float>();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<const float*> keys, values;
-    std::vector<float> scores;
+    std::vector<float> p;
+    Transposed kt;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / H, h = t % H, s0 = st[b], n = st[b + 1] - st[b];
       keys.resize(n);
       values.resize(n);
-      scores.resize(n);
+      p.resize(4 * (n + 8));
       for (int64_t j = 0; j < n; ++j) {
         keys[j] = kp + ((s0 + j) * H + h) * Dh;
         values[j] = vp + ((s0 + j) * H + h) * Dh;
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t row = (s0 + i) * H + h;
-        attend(qp + row * Dh, keys.data(), values.data(), i + 1, Dh, scale, scores.data(), op + row * Dh,
-               sp + row * 2, sp + row * 2 + 1);
+      kt.fill(keys.data(), n, Dh);
+      for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int nq = static_cast<int>(std::min<int64_t>(4, n - i0));
+        const float* pg[4];
+        const float* const* vg[4];
+        int64_t count[4];
+        float* og[4];
+        float lg[4];
+        for (int g = 0; g < nq; ++g) {
+          const int64_t i = i0 + g, row = (s0 + i) * H + h;
+          float* pi = p.data() + g * (n + 8);
+          scores(qp + row * Dh, kt, i + 1, Dh, scale, 0.0f, pi);
+          sp[row * 2] = softmax_numerators(pi, i + 1);
+          pg[g] = pi;
+          vg[g] = values.data();
+          count[g] = i + 1;
+          og[g] = op + row * Dh;
+        }
+        accumulate_group(nq, pg, vg, count, Dh, og, lg);
+        for (int g = 0; g < nq; ++g) sp[((s0 + i0 + g) * H + h) * 2 + 1] = lg[g];
       }
     }
   });
@@ -508,6 +664,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dout_in, const at::
   check_float(dout, "dout");
   const at::Tensor starts = starts_in.to(at::kLong).contiguous();
   const int64_t H = q.size(1), Dh = q.size(2), B = starts.numel() - 1;
+  TORCH_CHECK(Dh <= 128, "attention_backward: head width up to 128");
   const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
   at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   const int64_t* st = starts.data_ptr<int64_t>();
@@ -522,9 +679,9 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dout_in, const at::
       const int64_t b = t / H, h = t % H, s0 = st[b], n = st[b + 1] - st[b];
       keys.resize(n);
       values.resize(n);
-      P.resize(n + 8);
-      dp.resize(n + 8);
-      ds.resize(n);
+      P.resize(4 * (n + 8));
+      dp.resize(4 * (n + 8));
+      ds.resize(4 * (n + 8));
       auto at_ = [&](const float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
       auto at_mut = [&](float* base, int64_t i) { return base + ((s0 + i) * H + h) * Dh; };
       for (int64_t j = 0; j < n; ++j) {
@@ -533,32 +690,53 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dout_in, const at::
       }
       kt.fill(keys.data(), n, Dh);
       vt.fill(values.data(), n, Dh);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t row = (s0 + i) * H + h;
-        const float m = sp[row * 2], l = sp[row * 2 + 1];
-        const float* qi = at_(qp, i);
-        const float* gi = at_(gp, i);
-        const float Di = dot(gi, at_(op, i), Dh);
-        scores(qi, kt, i + 1, Dh, scale, m, P.data());   // scale * dot(q_i, k_j) - m
-        exp_floats(P.data(), P.data(), i + 1);
-        scores(gi, vt, i + 1, Dh, 1.0f, 0.0f, dp.data());   // 1 * dot(dout_i, v_j) - 0: the dot itself
-        for (int64_t j = 0; j <= i; ++j) {
-          P[j] = P[j] / l;
-          ds[j] = P[j] * (dp[j] - Di);
+      for (int64_t i0 = 0; i0 < n; i0 += 4) {   // four queries at a time: their chains interleave
+        const int nq = static_cast<int>(std::min<int64_t>(4, n - i0));
+        float* Pg[4];
+        float* dsg[4];
+        for (int g = 0; g < nq; ++g) {
+          const int64_t i = i0 + g, row = (s0 + i) * H + h;
+          const float m = sp[row * 2], l = sp[row * 2 + 1];
+          const float* qi = at_(qp, i);
+          const float* gi = at_(gp, i);
+          const float Di = dot(gi, at_(op, i), Dh);
+          float* P_ = P.data() + g * (n + 8);
+          float* dp_ = dp.data() + g * (n + 8);
+          float* ds_ = ds.data() + g * (n + 8);
+          scores(qi, kt, i + 1, Dh, scale, m, P_);   // scale * dot(q_i, k_j) - m
+          exp_floats(P_, P_, i + 1);
+          scores(gi, vt, i + 1, Dh, 1.0f, 0.0f, dp_);   // 1 * dot(dout_i, v_j) - 0: the dot itself
+          for (int64_t j = 0; j <= i; ++j) {
+            P_[j] = P_[j] / l;
+            ds_[j] = P_[j] * (dp_[j] - Di);
+          }
+          Pg[g] = P_;
+          dsg[g] = ds_;
+        }
+        // for j in order: dv_j += P_ij dout_i and dk_j += (s dS_ij) q_i for the group's i in order; dq_i += dS_ij k_j
+        float dqacc[4][128];
+        for (int g = 0; g < nq; ++g)
+          for (int64_t d = 0; d < Dh; ++d) dqacc[g][d] = 0.0f;
+        const int64_t jmax = i0 + nq - 1;
+        for (int64_t j = 0; j <= jmax; ++j) {
           float* dvj = at_mut(dvp, j);
-          for (int64_t d = 0; d < Dh; ++d) dvj[d] = std::fma(P[j], gi[d], dvj[d]);
-        }
-        float* dqi = at_mut(dqp, i);
-        for (int64_t d = 0; d < Dh; ++d) dqi[d] = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = keys[j];
-          for (int64_t d = 0; d < Dh; ++d) dqi[d] = std::fma(ds[j], kj[d], dqi[d]);
-        }
-        for (int64_t d = 0; d < Dh; ++d) dqi[d] = scale * dqi[d];
-        for (int64_t j = 0; j <= i; ++j) {
           float* dkj = at_mut(dkp, j);
-          const float w = scale * ds[j];
-          for (int64_t d = 0; d < Dh; ++d) dkj[d] = std::fma(w, qi[d], dkj[d]);
+          const float* kj = keys[j];
+          for (int g = 0; g < nq; ++g) {
+            if (j > i0 + g) continue;
+            const float Pj = Pg[g][j], dsj = dsg[g][j], w = scale * dsj;
+            const float* gi = at_(gp, i0 + g);
+            const float* qi = at_(qp, i0 + g);
+            for (int64_t d = 0; d < Dh; ++d) {
+              dvj[d] = std::fma(Pj, gi[d], dvj[d]);
+              dkj[d] = std::fma(w, qi[d], dkj[d]);
+              dqacc[g][d] = std::fma(dsj, kj[d], dqacc[g][d]);
+            }
+          }
+        }
+        for (int g = 0; g < nq; ++g) {
+          float* dqi = at_mut(dqp, i0 + g);
+          for (int64_t d = 0; d < Dh; ++d) dqi[d] = scale * dqacc[g][d];
         }
       }
     }
@@ -587,22 +765,44 @@ at::Tensor attention_cached(const at::Tensor& q_in, const at::Tensor& row_in, co
   float* op = out.data_ptr<float>();
   const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
   const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
-  at::parallel_for(0, M * H, 16, [&](int64_t begin, int64_t end) {
-    std::vector<const float*> ks, vs;
-    std::vector<float> scores;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t m = t / H, h = t % H, r = rp[m], last = std::min<int64_t>(slp[m], C - 1);
-      ks.clear();
-      vs.clear();
-      for (int64_t j = 0; j <= last; ++j) {
-        if (!vp[r * C + j]) continue;
-        ks.push_back(kp + r * ks0 + h * ks1 + j * ks2);
-        vs.push_back(valp + r * vs0 + h * vs1 + j * vs2);
+  at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> seen;
+    std::vector<const float*> ks, vs;   // [H][count]
+    std::vector<float> p;               // [H][count + 8]
+    for (int64_t m = begin; m < end; ++m) {
+      const int64_t r = rp[m], last = std::min<int64_t>(slp[m], C - 1);
+      seen.clear();
+      for (int64_t j = 0; j <= last; ++j)
+        if (vp[r * C + j]) seen.push_back(j);
+      const int64_t count = static_cast<int64_t>(seen.size()), width = count + 8;
+      ks.resize(H * count);
+      vs.resize(H * count);
+      p.resize(H * width);
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = qp + (m * H + h) * Dh;
+        float* ph = p.data() + h * width;
+        for (int64_t j = 0; j < count; ++j) {
+          ks[h * count + j] = kp + r * ks0 + h * ks1 + seen[j] * ks2;
+          vs[h * count + j] = valp + r * vs0 + h * vs1 + seen[j] * vs2;
+          ph[j] = scale * dot(qh, ks[h * count + j], Dh);
+        }
+        softmax_numerators(ph, count);
       }
-      scores.resize(ks.size());
-      float mm_, l_;
-      attend(qp + (m * H + h) * Dh, ks.data(), vs.data(), static_cast<int64_t>(ks.size()), Dh, scale, scores.data(),
-             op + (m * H + h) * Dh, &mm_, &l_);
+      for (int64_t h0 = 0; h0 < H; h0 += 4) {   // the heads' sums, four chains at a time
+        const int nq = static_cast<int>(std::min<int64_t>(4, H - h0));
+        const float* pg[4];
+        const float* const* vg[4];
+        int64_t counts[4];
+        float* og[4];
+        float lg[4];
+        for (int g = 0; g < nq; ++g) {
+          pg[g] = p.data() + (h0 + g) * width;
+          vg[g] = vs.data() + (h0 + g) * count;
+          counts[g] = count;
+          og[g] = op + (m * H + h0 + g) * Dh;
+        }
+        accumulate_group(nq, pg, vg, counts, Dh, og, lg);
+      }
     }
   });
   return out;
@@ -651,7 +851,7 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
 // per-layer path (agentrl.model.policy: Block.cached) -- ATen's layer norm and addition, the kernels above -- so
 // its results are that path's bits, without a Python call per operation.
 //   x [M, D] at the chunk's computed slots; per layer 12 tensors (ln1 w, b; qkv w, b; proj w, b; ln2 w, b; up w, b;
-//   down w, b); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
+//   down w, b; each linear weight packed by pack_linear); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
 at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at::Tensor& kv, const at::Tensor& valid,
                   const at::Tensor& row_in, const at::Tensor& slot_in, double eps) {
   const int64_t layers = kv.size(1), M = x.size(0), D = x.size(1), H = kv.size(3), Dh = kv.size(5);
@@ -663,7 +863,7 @@ at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + 12 * i;
     const at::Tensor keys = kv[0][i], values = kv[1][i];
-    const at::Tensor qkv = mm(at::layer_norm(x, {D}, w[0], w[1], eps), w[2].t(), w[3]);   // [M, 3D]
+    const at::Tensor qkv = mm_packed(at::layer_norm(x, {D}, w[0], w[1], eps), w[2], 3 * D, w[3]);   // [M, 3D]
     const float* qkvp = qkv.data_ptr<float>();
     float* kp = keys.data_ptr<float>();
     float* vp = values.data_ptr<float>();
@@ -676,9 +876,10 @@ at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at
       }
     const at::Tensor q = qkv.narrow(1, 0, D).reshape({M, H, Dh});
     const at::Tensor y = attention_cached(q, row, slot, keys, values, valid).reshape({M, D});
-    x = at::add(x, mm(y, w[4].t(), w[5]));
+    x = at::add(x, mm_packed(y, w[4], D, w[5]));
     const at::Tensor h2 = at::layer_norm(x, {D}, w[6], w[7], eps);
-    x = at::add(x, mm(gelu_(mm(h2, w[8].t(), w[9])), w[10].t(), w[11]));
+    const at::Tensor up = mm_packed(h2, w[8], w[9].numel(), w[9]);
+    x = at::add(x, mm_packed(gelu_(up), w[10], D, w[11]));
   }
   return x;
 }
@@ -694,6 +895,8 @@ std::string isa() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "C = A B (+ bias), fixed order", py::arg("a"), py::arg("b"), py::arg("bias") = py::none());
+  m.def("pack_linear", &pack_linear);
+  m.def("colsum", &colsum);
   m.def("attention_forward", &attention_forward);
   m.def("attention_backward", &attention_backward);
   m.def("attention_cached", &attention_cached);

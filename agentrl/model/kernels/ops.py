@@ -46,7 +46,7 @@ class _Linear(torch.autograd.Function):
         dw = ext.mm(grad.t(), x) if ctx.needs_input_grad[1] else None
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:   # the bias's gradient: a sum over rows, in row order
-            db = ext.mm(grad.new_ones(1, grad.shape[0]), grad).squeeze(0)
+            db = ext.colsum(grad)
         return dx, dw, db
 
 
@@ -147,7 +147,17 @@ def torch_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
     return y[:, :, 0]
 
 
+LINEAR_WEIGHTS = (2, 4, 8, 10)   # which of a block's 12 tensors (agentrl.model.policy: decode_weights) are weights
+
+
+def fixed_decode_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A model's block tensors as decode reads them: each linear weight packed once (the sampler's are frozen)."""
+    ext = load()
+    return [ext.pack_linear(w) if i % 12 in LINEAR_WEIGHTS else w for i, w in enumerate(weights)]
+
+
 def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float) -> torch.Tensor:
+    """weights: fixed_decode_weights(...) of the model's block tensors."""
     return load().decode(x, weights, kv, valid, row, slot, eps)
 
 
@@ -159,8 +169,9 @@ class KernelSet:
     attention: object
     attention_cached: object
     decode: object = None   # every block of the sampler's pass in one call (no gradient), the per-layer path's bits
+    decode_weights: object = None   # the block tensors as decode takes them
 
 
 KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached,
-                                    fixed_decode))
+                                    fixed_decode, fixed_decode_weights))
 KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
