@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agentrl.core.knobs import UserError
 
-COMPILES = ["fixed.cpp"]   # the sources it compiles at run time: code of every stage that loads it
+COMPILES = ["fixed.cpp", "fixed_math.h"]   # the sources it compiles at run time: code of every stage that loads it
 SOURCE = Path(__file__).with_name(COMPILES[0])
 # what the compiler may not do to the written order of operations, and the ISA of the x86 build
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only", "-fopenmp"]
@@ -47,7 +47,9 @@ def cflags() -> list[str]:
 
 def build_key(flags: list[str]) -> str:
     import torch
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in COMPILES:
+        h.update(SOURCE.with_name(source).read_bytes())
     h.update(" ".join(flags).encode())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:16]

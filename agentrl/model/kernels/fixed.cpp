@@ -44,6 +44,7 @@ struct Scalar {
   static V div(V a, V b) { return a / b; }
   static V fma(V a, V b, V c) { return std::fma(a, b, c); }
   static V floor(V a) { return std::floor(a); }
+  static V sqrt(V a) { return std::sqrt(a); }
   static V neg(V a) { return -a; }
   static V abs(V a) { return std::fabs(a); }
   static M lt(V a, V b) { return a < b; }
@@ -71,6 +72,7 @@ struct Avx2 {
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V floor(V a) { return _mm256_floor_ps(a); }
+  static V sqrt(V a) { return _mm256_sqrt_ps(a); }
   static V neg(V a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
   static V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   static M lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
@@ -91,100 +93,102 @@ struct Avx2 {
 };
 #endif
 
-constexpr float kExpHi = 88.72283935546875f, kExpLo = -103.97208404541015625f;
-
-// exp(x): Cody-Waite reduction x = n ln2 + r (|r| <= ln2/2), a degree-6 minimax polynomial (Cephes' expf),
-// then 2^n applied in two steps so that results below the normal range round once, as denormals. NaN stays NaN,
-// exp(x > kExpHi) = inf, exp(x < kExpLo) = 0.
 #define AGENTRL_INLINE inline __attribute__((always_inline))
-
-template <class O>
-AGENTRL_INLINE typename O::V exp_t(typename O::V x) {
-  using V = typename O::V;
-  const V xc = O::clamp(x, kExpLo, kExpHi);
-  const V n = O::floor(O::fma(xc, O::set(1.44269504088896341f), O::set(0.5f)));
-  V r = O::fma(n, O::set(-0.693359375f), xc);
-  r = O::fma(n, O::set(2.12194440e-4f), r);
-  V p = O::set(1.9875691500e-4f);
-  p = O::fma(p, r, O::set(1.3981999507e-3f));
-  p = O::fma(p, r, O::set(8.3334519073e-3f));
-  p = O::fma(p, r, O::set(4.1665795894e-2f));
-  p = O::fma(p, r, O::set(1.6666665459e-1f));
-  p = O::fma(p, r, O::set(5.0000001201e-1f));
-  const V y = O::add(O::fma(p, O::mul(r, r), r), O::set(1.0f));
-  V p1, p2;
-  O::pow2_pair(O::select(O::isnan(n), O::set(0.0f), n), &p1, &p2);
-  V out = O::mul(O::mul(y, p1), p2);
-  out = O::select(O::gt(x, O::set(kExpHi)), O::set(std::numeric_limits<float>::infinity()), out);
-  out = O::select(O::lt(x, O::set(kExpLo)), O::set(0.0f), out);
-  return O::select(O::isnan(x), x, out);
-}
-
-// erfc(z) for z >= 0: Numerical Recipes' erfcc (fractional error < 1.2e-7 in exact arithmetic).
-template <class O>
-AGENTRL_INLINE typename O::V erfc_nonneg_t(typename O::V z) {
-  using V = typename O::V;
-  const V t = O::div(O::set(1.0f), O::fma(O::set(0.5f), z, O::set(1.0f)));
-  V p = O::set(0.17087277f);
-  p = O::fma(p, t, O::set(-0.82215223f));
-  p = O::fma(p, t, O::set(1.48851587f));
-  p = O::fma(p, t, O::set(-1.13520398f));
-  p = O::fma(p, t, O::set(0.27886807f));
-  p = O::fma(p, t, O::set(-0.18628806f));
-  p = O::fma(p, t, O::set(0.09678418f));
-  p = O::fma(p, t, O::set(0.37409196f));
-  p = O::fma(p, t, O::set(1.00002368f));
-  p = O::fma(p, t, O::set(-1.26551223f));
-  return O::mul(t, exp_t<O>(O::fma(O::neg(z), z, p)));
-}
-
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-
-// Phi(x) = P(N(0,1) <= x) = erfc(-x / sqrt 2) / 2, from erfc(|u|): erfc(u) = 2 - erfc(-u) for u < 0
-template <class O>
-AGENTRL_INLINE typename O::V normal_cdf_t(typename O::V x) {
-  const typename O::V u = O::mul(O::neg(x), O::set(kInvSqrt2)), e = erfc_nonneg_t<O>(O::abs(u));
-  return O::mul(O::set(0.5f), O::select(O::ge(u, O::set(0.0f)), e, O::sub(O::set(2.0f), e)));
-}
-
-template <class O>
-typename O::V gelu_t(typename O::V x) { return O::mul(x, normal_cdf_t<O>(x)); }
-
-// d/dx x Phi(x) = Phi(x) + x phi(x)
-template <class O>
-typename O::V gelu_grad_t(typename O::V x) {
-  const typename O::V half_sq = O::mul(O::mul(O::set(-0.5f), x), x);
-  return O::fma(x, O::mul(O::set(kInvSqrt2Pi), exp_t<O>(half_sq)), normal_cdf_t<O>(x));
-}
+#include "fixed_math.h"
 
 int active_isa();
 
+// the elementwise functions, by name, for any lane type
+enum class Fn { Exp, Gelu, GeluGrad, Sqrt };
+
+template <Fn F, class O>
+AGENTRL_INLINE typename O::V apply_fn(typename O::V x) {
+  if constexpr (F == Fn::Exp) return exp_t<O>(x);
+  else if constexpr (F == Fn::Gelu) return gelu_t<O>(x);
+  else if constexpr (F == Fn::GeluGrad) return gelu_grad_t<O>(x);
+  else return sqrt_t<O>(x);
+}
+
 #ifdef AGENTRL_X86
-#define AGENTRL_EXP_LANES [](__m256 v) { return exp_t<Avx2>(v); }
-#else
-#define AGENTRL_EXP_LANES [](float v) { return v; }
+template <Fn F>
+void map_avx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, apply_fn<F, Avx2>(_mm256_loadu_ps(x + i)));
+  if (i < n) {   // the tail through a zero-padded vector
+    alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    _mm256_store_ps(buf, apply_fn<F, Avx2>(_mm256_load_ps(buf)));
+    for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+  }
+}
+
+// The same math for sixteen lanes, compiled for AVX-512 (the file's own math templates, included again inside the
+// target region, so that nothing outside it is compiled for AVX-512)
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace wide {
+struct Avx512 {
+  using V = __m512;
+  using M = __mmask16;
+  static V set(float a) { return _mm512_set1_ps(a); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V floor(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  static V sqrt(V a) { return _mm512_sqrt_ps(a); }
+  static V neg(V a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
+  }
+  static V abs(V a) { return _mm512_abs_ps(a); }
+  static M lt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M gt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static M ge(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M isnan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static V select(M m, V a, V b) { return _mm512_mask_blend_ps(m, b, a); }
+  static V clamp(V a, float lo, float hi) {
+    const V c = _mm512_min_ps(_mm512_max_ps(a, set(lo)), set(hi));
+    return select(isnan(a), a, c);
+  }
+  static void pow2_pair(V n, V* p1, V* p2) {
+    const __m512i e = _mm512_cvttps_epi32(n), e1 = _mm512_srai_epi32(e, 1), e2 = _mm512_sub_epi32(e, e1);
+    const __m512i bias = _mm512_set1_epi32(127);
+    *p1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e1, bias), 23));
+    *p2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e2, bias), 23));
+  }
+};
+#include "fixed_math.h"
+
+template <Fn F>
+void map_avx512(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  auto f = [](__m512 v) {
+    if constexpr (F == Fn::Exp) return exp_t<Avx512>(v);
+    else if constexpr (F == Fn::Gelu) return gelu_t<Avx512>(v);
+    else if constexpr (F == Fn::GeluGrad) return gelu_grad_t<Avx512>(v);
+    else return sqrt_t<Avx512>(v);
+  };
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, f(_mm512_loadu_ps(x + i)));
+  if (i < n) {   // the tail through masked lanes (zeros in the others)
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, f(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+}  // namespace wide
+#pragma GCC pop_options
 #endif
 
-// y[i] = f(x[i]) over n floats: eight lanes at a time (the tail through a zero-padded vector), or one float at a
-// time without AVX2 or with AGENTRL_KERNELS_ISA=scalar. The same bits either way.
-template <class F1, class F8>
-void map_floats(const float* x, float* y, int64_t n, F1 f1, F8 f8) {
+// y[i] = F(x[i]) over n floats: sixteen or eight lanes at a time, or one float at a time (no AVX2, or
+// AGENTRL_KERNELS_ISA=scalar). The same bits on every path.
+template <Fn F>
+void map_floats(const float* x, float* y, int64_t n) {
 #ifdef AGENTRL_X86
-  if (active_isa() >= 1) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, f8(_mm256_loadu_ps(x + i)));
-    if (i < n) {
-      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
-      _mm256_store_ps(buf, f8(_mm256_load_ps(buf)));
-      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
-    }
-    return;
-  }
+  const int isa = active_isa();
+  if (isa == 2) return wide::map_avx512<F>(x, y, n);
+  if (isa == 1) return map_avx2<F>(x, y, n);
 #endif
-  (void)f8;
-  for (int64_t i = 0; i < n; ++i) y[i] = f1(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = apply_fn<F, Scalar>(x[i]);
 }
 
 // ------------------------------------------------------------------------------------------------ mm
@@ -477,7 +481,7 @@ inline float dot(const float* x, const float* y, int64_t n) {
 }
 
 inline void exp_floats(const float* x, float* y, int64_t n) {
-  map_floats(x, y, n, exp_t<Scalar>, AGENTRL_EXP_LANES);
+  map_floats<Fn::Exp>(x, y, n);
 }
 
 // keys (or values) of one head, transposed: t[d * stride + j] = the d-th element of key j
@@ -810,39 +814,28 @@ at::Tensor attention_cached(const at::Tensor& q_in, const at::Tensor& row_in, co
 
 // ------------------------------------------------------------------------------------------------ elementwise
 
-#ifdef AGENTRL_X86
-#define AGENTRL_LANES(fn) [](__m256 v) { return fn<Avx2>(v); }
-#define AGENTRL_SQRT_LANES [](__m256 v) { return _mm256_sqrt_ps(v); }
-#else
-#define AGENTRL_LANES(fn) [](float v) { return v; }
-#define AGENTRL_SQRT_LANES [](float v) { return v; }
-#endif
-
-template <class F1, class F8>
-at::Tensor map(const at::Tensor& x_in, F1 f1, F8 f8) {
+template <Fn F>
+at::Tensor map(const at::Tensor& x_in) {
   const at::Tensor x = x_in.contiguous();
   check_float(x, "x");
   at::Tensor y = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, x.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    map_floats(xp + begin, yp + begin, end - begin, f1, f8);
+    map_floats<F>(xp + begin, yp + begin, end - begin);
   });
   return y;
 }
 
-at::Tensor exp_(const at::Tensor& x) { return map(x, exp_t<Scalar>, AGENTRL_LANES(exp_t)); }
-at::Tensor gelu_(const at::Tensor& x) { return map(x, gelu_t<Scalar>, AGENTRL_LANES(gelu_t)); }
-at::Tensor sqrt_(const at::Tensor& x) {
-  // the correctly rounded square root of IEEE 754, one instruction on every path
-  return map(x, [](float v) { return std::sqrt(v); }, AGENTRL_SQRT_LANES);
-}
+at::Tensor exp_(const at::Tensor& x) { return map<Fn::Exp>(x); }
+at::Tensor gelu_(const at::Tensor& x) { return map<Fn::Gelu>(x); }
+at::Tensor sqrt_(const at::Tensor& x) { return map<Fn::Sqrt>(x); }   // IEEE's correctly rounded square root
 
 at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
   const at::Tensor g = grad_in.contiguous();
   check_float(g, "grad");
   TORCH_CHECK(g.sizes() == x_in.sizes(), "gelu_backward: shapes differ");
-  at::Tensor d = map(x_in, gelu_grad_t<Scalar>, AGENTRL_LANES(gelu_grad_t));
+  at::Tensor d = map<Fn::GeluGrad>(x_in);
   return d.mul_(g);   // g * gelu'(x), elementwise
 }
 
