@@ -2,9 +2,10 @@
 
 Every row of the cache owns the same slots: a chunk appends L slots to every row, and a row with nothing to add at
 a slot leaves it invalid, so episodes at different points of their turn structure advance together. Keys and
-values live in preallocated buffers [B, H, capacity, Dh]: appending writes only the new slots (the capacity doubles
-when full), and rows whose episode ended leave with `keep`. An invalid slot holds zeros (a kernel set that masks
-instead of skipping still sees finite keys) and `valid` [B, capacity] says which slots hold a token.
+values live in preallocated, zeroed buffers [B, H, capacity, Dh]: appending writes only the new slots (the capacity
+doubles when full). Rows whose episode ended leave with `keep`, which only renumbers: the callers' rows map to cache
+rows (`rows`), and nothing is copied. An unwritten slot holds zeros (a kernel set that masks instead of skipping
+still sees finite keys) and `valid` [B, capacity] says which slots hold a token.
 
 A packed `Chunk` computes only the valid slots: M rows through every layer, each attending to its row's valid slots
 up to its own (agentrl.model.policy).
@@ -25,9 +26,10 @@ class KVCache:
         self.capacity, self.used = capacity, 0
         self.kv: torch.Tensor | None = None
         self.valid: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None   # the cache row of each of the caller's rows (None: all, in order)
 
     def _buffers(self, rows: int, slots: int):
-        return (torch.empty(2, self.n_layer, rows, self.n_head, slots, self.head_dim),
+        return (torch.zeros(2, self.n_layer, rows, self.n_head, slots, self.head_dim),
                 torch.zeros(rows, slots, dtype=torch.bool))
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,45 +37,48 @@ class KVCache:
         return self.kv[0, i], self.kv[1, i]
 
     def append(self, valid: torch.Tensor) -> int:
-        """Reserve the slots of one chunk, valid [B, L] (zeroed, for the slots nobody writes); returns its first
-        slot."""
+        """Reserve the slots of one chunk, valid [rows, L] for the caller's rows; returns its first slot."""
         rows, width = valid.shape
         if self.valid is None:
             self.kv, self.valid = self._buffers(rows, self.capacity)
         if self.used + width > self.capacity:
-            self._resize(self.valid.shape[0], max(2 * self.capacity, self.used + width))
+            self._resize(max(2 * self.capacity, self.used + width))
         start = self.used
-        self.valid[:, start:start + width] = valid
-        self.kv[..., start:start + width, :] = 0.0
+        if self.rows is None:
+            self.valid[:, start:start + width] = valid
+        else:
+            self.valid[self.rows, start:start + width] = valid
         self.used += width
         return start
 
-    def _resize(self, rows: int, capacity: int, keep: torch.Tensor | None = None) -> None:
-        """New buffers with the used slots of every row (or of the rows `keep`) copied over."""
+    def cache_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The cache rows of some of the caller's rows."""
+        return rows if self.rows is None else self.rows[rows]
+
+    def _resize(self, capacity: int) -> None:
+        """New buffers with the used slots copied over."""
         used = self.used
-        kv, valid = self._buffers(rows, capacity)
-        if keep is None:
-            kv[..., :used, :], valid[:, :used] = self.kv[..., :used, :], self.valid[:, :used]
-        else:
-            torch.index_select(self.kv[..., :used, :], 2, keep, out=kv[..., :used, :])
-            torch.index_select(self.valid[:, :used], 0, keep, out=valid[:, :used])
+        kv, valid = self._buffers(self.valid.shape[0], capacity)
+        kv[..., :used, :], valid[:, :used] = self.kv[..., :used, :], self.valid[:, :used]
         self.kv, self.valid, self.capacity = kv, valid, capacity
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (ascending indices), e.g. the episodes still running."""
-        self._resize(rows.numel(), self.capacity, rows)
+        """Keep only the caller's rows `rows` (ascending), e.g. the episodes still running: they become rows
+        0..len(rows)-1 (no slot is copied)."""
+        self.rows = self.cache_rows(rows)
 
 
 class Chunk:
-    """Which slots of a chunk (valid [B, L], appended to the cache at slot `start`) are computed: their flat
-    indices `computed` [M] in [B, L], cache rows `row` [M] and slots `slots` [M] (`slot`: the same, as one integer
+    """Which slots of a chunk (valid [B, L] over the caller's rows, appended to `cache` at slot `start`) are
+    computed: their flat indices `computed` [M] in [B, L], cache rows `row` [M] and slots `slots` [M] (`slot`: the same, as one integer
     when L == 1), and with `packed` the index among them of each row's last valid slot (`last`, rows that have
     one)."""
 
-    def __init__(self, valid: torch.Tensor, start: int, packed: bool):
+    def __init__(self, valid: torch.Tensor, cache: KVCache, start: int, packed: bool):
         B, L = valid.shape
         self.computed = valid.reshape(-1).nonzero().squeeze(1) if packed else torch.arange(B * L)
-        self.row, col = (self.computed, None) if L == 1 else (self.computed // L, self.computed % L)
+        row, col = (self.computed, None) if L == 1 else (self.computed // L, self.computed % L)
+        self.row = cache.cache_rows(row)
         self.slots = torch.full_like(self.computed, start) if L == 1 else col + start
         self.slot = start if L == 1 else self.slots
         self.last = None

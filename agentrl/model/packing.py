@@ -22,8 +22,6 @@ def row_starts(lengths: torch.Tensor) -> torch.Tensor:
 def pad_rows(rows: list[list], pad_value, width: int | None = None, dtype=torch.long) -> torch.Tensor:
     """Right-pad lists to one width -> [B, width]."""
     width = max((len(r) for r in rows), default=0) if width is None else width
-    out = torch.full((len(rows), width), pad_value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
-    return out
+    if not rows or width == 0:
+        return torch.full((len(rows), width), pad_value, dtype=dtype)
+    return torch.tensor([list(r) + [pad_value] * (width - len(r)) for r in rows], dtype=dtype)

@@ -175,22 +175,24 @@ class TinyAgent(nn.Module):
         [rows, V], and then only the valid slots are computed. `weights`: decode_weights(), if the caller holds
         them."""
         B, L = ids.shape
-        chunk = Chunk(valid, cache.append(valid), packed=last)
+        chunk = Chunk(valid, cache, cache.append(valid), packed=last)
         x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
             self.pos_table[pos.reshape(-1)[chunk.computed]]
-        if self.kernels.decode is not None and not torch.is_grad_enabled():
-            x = self.kernels.decode(x, weights or self.decode_weights(), cache.kv, cache.valid, chunk.row,
-                                    chunk.slots, self.blocks[0].ln1.eps)
-        else:
-            for i, block in enumerate(self.blocks):
-                x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
+        if self.kernels.decode is not None and not torch.is_grad_enabled():   # the loop below, in one call
+            weights = weights or self.decode_weights()
+            logits = self.kernels.decode(x, weights[:-3], cache.kv, cache.valid, chunk.row, chunk.slots,
+                                         self.blocks[0].ln1.eps, weights[-3:], self.cfg.vocab_size,
+                                         chunk.last if last and L > 1 else None)
+            return logits if last else logits.view(B, L, -1)
+        for i, block in enumerate(self.blocks):
+            x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
         if not last:
             return self._logits(x).view(B, L, -1)
         return self._logits(x if L == 1 else x[chunk.last])
 
     def decode_weights(self) -> list[torch.Tensor] | None:
-        """Every block's tensors in Block.cached's order of use, as the kernel set's decode takes them (None
-        without one)."""
+        """Every block's tensors in Block.cached's order of use, then the final layer norm's and the output layer's,
+        as the kernel set's decode takes them (None without one)."""
         if self.kernels.decode_weights is None:
             return None
         out = []
@@ -198,7 +200,8 @@ class TinyAgent(nn.Module):
             up, _, down = b.mlp
             out += [b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.proj.weight,
                     b.attn.proj.bias, b.ln2.weight, b.ln2.bias, up.weight, up.bias, down.weight, down.bias]
-        return self.kernels.decode_weights(out)
+        head = self.tok_emb.weight if self.head is None else self.head.weight
+        return self.kernels.decode_weights(out) + self.kernels.head_weights(self.ln_f.weight, self.ln_f.bias, head)
 
     # ---------------------------------------------------------------- the policy-backend interface
 

@@ -13,6 +13,7 @@
 // is written as a separate multiply and add.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <cmath>
 #include <cstdint>
@@ -845,14 +846,16 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
 // its results are that path's bits, without a Python call per operation.
 //   x [M, D] at the chunk's computed slots; per layer 12 tensors (ln1 w, b; qkv w, b; proj w, b; ln2 w, b; up w, b;
 //   down w, b; each linear weight packed by pack_linear); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
-at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at::Tensor& kv, const at::Tensor& valid,
-                  const at::Tensor& row_in, const at::Tensor& slot_in, double eps) {
-  const int64_t layers = kv.size(1), M = x.size(0), D = x.size(1), H = kv.size(3), Dh = kv.size(5);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 12 * layers, "decode: 12 weight tensors per layer");
-  TORCH_CHECK(H * Dh == D, "decode: heads do not tile the model width");
-  const at::Tensor row = row_in.to(at::kLong).contiguous(), slot = slot_in.to(at::kLong).contiguous();
-  const int64_t* rp = row.data_ptr<int64_t>();
-  const int64_t* sp = slot.data_ptr<int64_t>();
+// every block for the queries [m0, m1) (all queries of their cache rows), written into out
+void decode_rows(const at::Tensor& x_in, int64_t m0, int64_t m1, const std::vector<at::Tensor>& weights,
+                 const at::Tensor& kv, const at::Tensor& valid, const at::Tensor& row, const at::Tensor& slot,
+                 double eps, at::Tensor& out) {
+  at::AutoDispatchBelowAutograd below_autograd;   // no gradient here (and a worker thread has no grad mode set)
+  const int64_t layers = kv.size(1), M = m1 - m0, D = x_in.size(1), H = kv.size(3), Dh = kv.size(5);
+  at::Tensor x = x_in.narrow(0, m0, M);
+  const at::Tensor rows = row.narrow(0, m0, M), slots = slot.narrow(0, m0, M);
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + 12 * i;
     const at::Tensor keys = kv[0][i], values = kv[1][i];
@@ -868,13 +871,44 @@ at::Tensor decode(at::Tensor x, const std::vector<at::Tensor>& weights, const at
         std::memcpy(vp + rp[m] * ks0 + h * ks1 + sp[m] * ks2, src + 2 * D, sizeof(float) * Dh);
       }
     const at::Tensor q = qkv.narrow(1, 0, D).reshape({M, H, Dh});
-    const at::Tensor y = attention_cached(q, row, slot, keys, values, valid).reshape({M, D});
+    const at::Tensor y = attention_cached(q, rows, slots, keys, values, valid).reshape({M, D});
     x = at::add(x, mm_packed(y, w[4], D, w[5]));
     const at::Tensor h2 = at::layer_norm(x, {D}, w[6], w[7], eps);
     const at::Tensor up = mm_packed(h2, w[8], w[9].numel(), w[9]);
     x = at::add(x, mm_packed(gelu_(up), w[10], D, w[11]));
   }
-  return x;
+  out.narrow(0, m0, M).copy_(x);
+}
+
+// decode(...) -> the hidden states after the last block [M, D]; with `head` (ln_f weight, ln_f bias, the output
+// layer's weight packed, of `vocab` rows; `last`: which of the M rows, or every row if undefined) -> their logits,
+// as the model's _logits computes them
+at::Tensor decode(const at::Tensor& x, const std::vector<at::Tensor>& weights, const at::Tensor& kv,
+                  const at::Tensor& valid, const at::Tensor& row_in, const at::Tensor& slot_in, double eps,
+                  const std::vector<at::Tensor>& head, int64_t vocab, const c10::optional<at::Tensor>& last) {
+  const int64_t layers = kv.size(1), M = x.size(0), D = x.size(1), H = kv.size(3), Dh = kv.size(5);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 12 * layers, "decode: 12 weight tensors per layer");
+  TORCH_CHECK(H * Dh == D, "decode: heads do not tile the model width");
+  const at::Tensor row = row_in.to(at::kLong).contiguous(), slot = slot_in.to(at::kLong).contiguous();
+  at::Tensor out = at::empty_like(x);
+  // the queries split between threads at cache-row boundaries (a row's queries read the keys its other queries
+  // write in this chunk); every result is its row's alone, so the split changes no bit
+  const int64_t* rp = row.data_ptr<int64_t>();
+  std::vector<int64_t> starts;
+  for (int64_t m = 0; m < M; ++m)
+    if (m == 0 || rp[m] != rp[m - 1]) starts.push_back(m);
+  const int64_t segments = static_cast<int64_t>(starts.size());
+  starts.push_back(M);
+  const at::ThreadLocalState caller;   // grad and inference mode travel to the worker threads
+  at::parallel_for(0, segments, 8, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard same_state(caller);
+    decode_rows(x, starts[begin], starts[end], weights, kv, valid, row, slot, eps, out);
+  });
+  if (head.empty()) return out;
+  TORCH_CHECK(head.size() == 3, "decode: head is ln_f weight, ln_f bias, packed output weight");
+  at::AutoDispatchBelowAutograd below_autograd;
+  const at::Tensor h = last.has_value() && last->defined() ? out.index_select(0, *last) : out;
+  return mm_packed(at::layer_norm(h, {D}, head[0], head[1], eps), head[2], vocab, c10::nullopt);
 }
 
 void set_isa_cap(int64_t cap) { g_isa_cap = static_cast<int>(cap); }

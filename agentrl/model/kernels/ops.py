@@ -156,9 +156,17 @@ def fixed_decode_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     return [ext.pack_linear(w) if i % 12 in LINEAR_WEIGHTS else w for i, w in enumerate(weights)]
 
 
-def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float) -> torch.Tensor:
-    """weights: fixed_decode_weights(...) of the model's block tensors."""
-    return load().decode(x, weights, kv, valid, row, slot, eps)
+def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float, head: list | None = None, vocab: int = 0,
+                 last: torch.Tensor | None = None) -> torch.Tensor:
+    """weights: fixed_decode_weights(...) of the model's block tensors; head: fixed_head_weights(...) (an output
+    layer of `vocab` rows) to return the logits of the rows `last` (all rows if None) instead of the hidden
+    states."""
+    return load().decode(x, weights, kv, valid, row, slot, eps, head or [], vocab, last)
+
+
+def fixed_head_weights(ln_weight, ln_bias, out_weight) -> list[torch.Tensor]:
+    """The final layer norm and the output layer as decode takes them (the output weight packed once)."""
+    return [ln_weight, ln_bias, load().pack_linear(out_weight)]
 
 
 @dataclass(frozen=True)
@@ -170,8 +178,9 @@ class KernelSet:
     attention_cached: object
     decode: object = None   # every block of the sampler's pass in one call (no gradient), the per-layer path's bits
     decode_weights: object = None   # the block tensors as decode takes them
+    head_weights: object = None     # the final layer norm and output layer as decode takes them
 
 
 KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached,
-                                    fixed_decode, fixed_decode_weights))
+                                    fixed_decode, fixed_decode_weights, fixed_head_weights))
 KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
