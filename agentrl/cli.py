@@ -15,6 +15,7 @@ from pathlib import Path
 from agentrl.backends.registry import BACKENDS
 from agentrl.core.artifacts import policy_path
 from agentrl.core.boundary import check_threads, guard
+from agentrl.model.kernels.registry import KERNELS
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,6 +61,13 @@ def _thread_list(text: str) -> list[int]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, got {text!r}")
     return [_int_at_least(1)(p) for p in parts]
+
+
+def _episode_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected episode counts like 16,64,256, got {text!r}")
+    return [_int_at_least(8)(p) for p in parts]
 
 
 def _seed_list(text: str) -> list[int]:
@@ -349,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: step time under portable and native numerics, each mode in its own process, "
                         "alternating for ROUNDS rounds (docs/numerics.md)")
     b.add_argument("--json", action="store_true", help="print the step times as one JSON line")
+    b.add_argument("--kernels", choices=list(KERNELS.names()), default="fixed",
+                   help="tinyagent: the kernel set timed (torch: PyTorch's own operators, the baseline)")
+    b.add_argument("--batch", type=_episode_list, metavar="EPISODES",
+                   help="instead: sampling and update cost at these episodes per step (e.g. 16,64,256,1024), "
+                        "their slope, GFLOP/s against a same-run GEMM and tokens per second per core")
     b.add_argument("--backend", choices=list(BACKENDS.names()), default="tinyagent",
                    help="hf: the lab backend's sampler against plain generate, the update's GFLOP/s against a "
                         "same-run GEMM, and its peak memory with the LM head on policy positions against full logits "

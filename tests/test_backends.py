@@ -65,7 +65,7 @@ def test_at_temperature_one_the_division_is_exact(quick_base):
     assert torch.equal(quick_base.log_probs(ids)[0].detach(), plain)
 
 
-@pytest.mark.parametrize("temperature, seed", [(0.8, 0), (1.25, 1)])   # seeds whose batch has a reward spread
+@pytest.mark.parametrize("temperature, seed", [(0.8, 4), (1.25, 3)])   # seeds whose batch has a reward spread
 def test_sampler_and_trainer_share_the_temperature(quick_base, tok, train_tasks, temperature, seed):
     """Sampling is the distribution the trainer differentiates, so the sampler-trainer gap stays at
     rounding level and all nine invariants hold away from temperature 1 (before the trainer applied the

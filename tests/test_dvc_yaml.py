@@ -98,7 +98,7 @@ def stages():
 def test_code_deps_are_exactly_the_import_closure():
     for name, stage in stages().items():
         script = f"stages/{name}.py"
-        declared = {d for d in stage["deps"] if d.endswith((".py", ".cpp"))}
+        declared = {d for d in stage["deps"] if d.endswith((".py", ".cpp", ".h"))}
         assert declared == {script} | code_closure(script), name
 
 

@@ -38,13 +38,32 @@ def test_the_fused_float32_kernel_is_off_on_a_large_vocabulary_and_ours_is_not(l
     assert (entropy_from_logits(large_logits).double() + (p * exact).sum(-1)).abs().max() < 1e-4
 
 
-def test_a_small_vocabulary_keeps_the_fused_kernel_and_multinomial_bit_for_bit():
+def test_a_small_vocabulary_keeps_the_fused_kernel_and_draws_by_the_softmax_cdf():
+    """One uniform per row against the running sum of softmax's float64 probabilities: the token is the first whose
+    running sum exceeds u * total (found here by a plain Python scan), its log-prob the fused log-softmax's."""
     z = torch.randn(8, FUSED_LOG_SOFTMAX_MAX_VOCAB, generator=torch.Generator().manual_seed(2))
     assert torch.equal(log_softmax(z), F.log_softmax(z, dim=-1))
     token, logp = draw(z, torch.Generator().manual_seed(3))
-    expected = torch.multinomial(F.softmax(z, dim=-1), 1, generator=torch.Generator().manual_seed(3)).squeeze(1)
-    assert torch.equal(token, expected)
-    assert torch.equal(logp, F.log_softmax(z, dim=-1).gather(1, expected[:, None]).squeeze(1))
+    u = torch.rand(8, 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    probs = F.softmax(z.double(), dim=-1).tolist()
+    for row in range(8):
+        running, total = 0.0, sum(probs[row])
+        target = float(u[row]) * float(torch.tensor(probs[row], dtype=torch.float64).cumsum(0)[-1])
+        last = len(probs[row]) - 1
+        first = next(t for t, p in enumerate(probs[row]) if (running := running + p) > target or t == last)
+        assert abs(total - 1.0) < 1e-9 and int(token[row]) == first, (row, int(token[row]), first)
+    assert torch.equal(logp, F.log_softmax(z, dim=-1).gather(1, token[:, None]).squeeze(1))
+
+
+def test_a_small_vocabulary_draw_follows_the_softmax():
+    z = torch.tensor([[0.0, 1.0, -1.0, -30.0]])
+    p = torch.softmax(z.double(), dim=-1)[0]
+    n = 20_000
+    tokens, _ = draw(z.expand(n, -1), torch.Generator().manual_seed(5))
+    for t in range(4):
+        share = float((tokens == t).double().mean())
+        sigma = (float(p[t]) * (1 - float(p[t])) / n) ** 0.5
+        assert abs(share - float(p[t])) < 4 * sigma + 1e-9, (t, share, float(p[t]))
 
 
 def test_a_large_vocabulary_draw_follows_the_softmax_and_returns_its_log_prob():

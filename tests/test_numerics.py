@@ -2,7 +2,11 @@
 
 The teeth: under `native` the bytes of a short base cloning change when the dispatched ISA is changed from
 outside (ATEN_CPU_CAPABILITY=default against avx2, both of which every supported machine runs); under `portable`
-they are the same whatever the outside environment says about PyTorch's, MKL's and oneDNN's kernels."""
+they are the same whatever the outside environment says about PyTorch's, MKL's and oneDNN's kernels. And MKL and
+oneDNN, whose code paths depend on the CPU's vendor, are out of TinyAgent's bits altogether: with PyTorch's own
+kernels held at AVX2, no MKL branch or oneDNN ISA changes a bit, and the bytes equal a committed digest that every
+machine class must reproduce."""
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +32,7 @@ model, _ = make_rl_base(tok, make_tasks("train"), BaseConfig(steps=12, teach_ste
 print(machine["isa"], hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
 """
 OUTSIDE = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
-           "AGENTRL_NUMERICS", numerics.OUTSIDE_ENV)   # the child's outside is exactly what a test gives it
+           "AGENTRL_NUMERICS", "AGENTRL_KERNELS_ISA", numerics.OUTSIDE_ENV)   # the child's outside: what a test gives
 
 
 def clone(mode: str, **outside) -> tuple[str, str]:
@@ -39,6 +43,27 @@ def clone(mode: str, **outside) -> tuple[str, str]:
     assert out.returncode == 0, out.stderr[-2000:]
     isa, digest = out.stdout.split()
     return isa, digest
+
+
+FIXED = json.loads((REPO / "tests" / "fixtures" / "fixed_kernels.json").read_text())
+
+
+def test_mkl_and_onednn_do_not_decide_the_bits_and_this_machine_gives_the_committed_digest():
+    """MKL's least and most capable branches, oneDNN's ISA and the fixed kernels' vector path, under native numerics
+    with PyTorch's own kernels at AVX2: one digest, portable's, the committed one."""
+    compatible = clone("native", ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="COMPATIBLE", ONEDNN_MAX_CPU_ISA="SSE41",
+                       AGENTRL_KERNELS_ISA="scalar")
+    best = clone("native", ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AUTO", ONEDNN_MAX_CPU_ISA="ALL")
+    assert compatible == best == ("AVX2", FIXED["clone_sha256"])
+
+
+@pytest.mark.slow
+def test_no_mkl_branch_onednn_isa_or_kernel_path_moves_a_bit():
+    digests = {clone("native", ATEN_CPU_CAPABILITY="avx2", MKL_CBWR=mkl, ONEDNN_MAX_CPU_ISA=dnn,
+                     AGENTRL_KERNELS_ISA=kernels)[1]
+               for mkl, dnn, kernels in [("COMPATIBLE", "AVX2", "avx512"), ("AVX2", "AVX2", "avx2"),
+                                         ("AVX512", "AVX512_CORE", "avx512"), ("SSE4_2", "SSE41", "scalar")]}
+    assert digests == {FIXED["clone_sha256"]}
 
 
 @pytest.mark.slow

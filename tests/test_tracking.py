@@ -255,6 +255,10 @@ guard("ablate@kl-0", crash)
 
 @pytest.mark.slow   # a stage subprocess that dies of SIGSEGV
 def test_a_crashed_stage_is_closed_by_the_next_run_of_any_stage(project):
+    graph = yaml.safe_load((project.root / "dvc.yaml").read_text())
+    graph["stages"]["ablate"] = {"matrix": {"arm": ["kl"], "seed": [0]}, "cmd": "python -m stages.ablate",
+                                 "deps": ["agentrl/__init__.py"], "params": ["run"], "outs": ["ablate.txt"]}
+    (project.root / "dvc.yaml").write_text(yaml.safe_dump(graph))    # a second stage, the one that crashes
     p = subprocess.run([sys.executable, "-c", CRASHER.replace("REPO", repr(str(REPO)))], cwd=project.root,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == -signal.SIGSEGV

@@ -54,9 +54,8 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
     every token is one full forward (the backend's plain `logits`) over the whole prefix of every episode still in
     its call."""
     import torch
-    import torch.nn.functional as F
 
-    from agentrl.model.logprobs import log_softmax
+    from agentrl.model.logprobs import draw
     from agentrl.rl.rollout import OWNER, Trajectory, pad_rows
     fmt = tok
     ids = [fmt.prompt(env) for env in envs]
@@ -75,9 +74,7 @@ def full_recompute_episodes(model, envs: list, tok, generator, temperature: floa
                 prefixes = pad_rows([ids[r] for r in in_call], fmt.pad_id)
                 last = torch.zeros(prefixes.shape, dtype=torch.bool)
                 last[torch.arange(len(in_call)), lengths - 1] = True
-                scaled = model.logits(prefixes, last) / temperature
-                token = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
-                token_logp = log_softmax(scaled).gather(1, token[:, None]).squeeze(1)
+                token, token_logp = draw(model.logits(prefixes, last) / temperature, generator)
                 for r, t, lp in zip(in_call, token.tolist(), token_logp.tolist()):
                     calls[r].append(t)
                     ids[r].append(t)
@@ -180,8 +177,14 @@ def format_op_shares(shares: dict, threads: int) -> str:
 
 
 def run_bench(args, model, source: str, tok) -> int:
+    from agentrl.bench import growth
     from agentrl.core.config import RLConfig
     from agentrl.env.tasks import make_tasks
+    model.use_kernels(args.kernels)
+    if args.batch:
+        print(growth.format_batch_axis(growth.batch_axis(model, tok, make_tasks("train"), args.batch, args.steps,
+                                                         max(args.threads))))
+        return 0
     if args.profile:
         threads = max(args.threads)
         print(profile_step_and_eval(model, tok, args.steps, threads))
@@ -189,7 +192,7 @@ def run_bench(args, model, source: str, tok) -> int:
         return 0
     cfg = RLConfig()
     tasks = make_tasks("train")
-    print(f"bench: TinyAgent {model.num_params():,} parameters ({source}); one step = "
+    print(f"bench: TinyAgent {model.num_params():,} parameters ({source}), {args.kernels} kernels; one step = "
           f"{cfg.group_size * cfg.tasks_per_step} episodes sampled + one update; median of {args.steps} steps")
     steps = {}
     if args.json:   # one mode's step times, for compare_numerics
@@ -207,6 +210,15 @@ def run_bench(args, model, source: str, tok) -> int:
     if len(steps) > 1:
         lo, hi = min(steps), max(steps)
         print(f"  {hi} threads against {lo}: step time x{steps[hi]['step_s'] / steps[lo]['step_s']:.2f}")
+    hi = max(args.threads)
+    r = growth.timed_steps(model, tok, tasks, cfg, args.steps)
+    flops = growth.flops_of_step(model.cfg, r["lengths"], cfg.minibatches)
+    gemm = growth.gemm_rate(hi, model.cfg)
+    rate = (flops["sampling"] + flops["update"]) / (r["sample_s"] + r["update_s"]) / 1e9
+    print(f"arithmetic: {(flops['sampling'] + flops['update']) / 1e9:.2f} GFLOP of matrix products per step, "
+          f"{rate:.1f} GFLOP/s at {hi} thread(s) against {gemm['fixed']:.0f} GFLOP/s for the same run's GEMM "
+          f"(x{rate / gemm['fixed']:.2f}; torch.matmul {gemm['torch']:.0f} GFLOP/s)")
+    print(growth.format_kernel_sets(growth.kernel_sets(model, tok, tasks, cfg, args.steps, hi), hi))
     print(f"sampler: KV cache against a full recompute of every prefix at every token, on the same "
           f"{cfg.group_size * cfg.tasks_per_step} episodes (median of {args.steps})")
     for threads in args.threads:

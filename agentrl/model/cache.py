@@ -70,9 +70,9 @@ class KVCache:
 
 class Chunk:
     """Which slots of a chunk (valid [B, L] over the caller's rows, appended to `cache` at slot `start`) are
-    computed: their flat indices `computed` [M] in [B, L], cache rows `row` [M] and slots `slots` [M] (`slot`: the same, as one integer
-    when L == 1), and with `packed` the index among them of each row's last valid slot (`last`, rows that have
-    one)."""
+    computed: their flat indices `computed` [M] in [B, L], cache rows `row` [M] and slots `slots` [M] (`slot`: the
+    same, as one integer when L == 1), and with `packed` the index among them of each row's last valid slot
+    (`last`, rows that have one)."""
 
     def __init__(self, valid: torch.Tensor, cache: KVCache, start: int, packed: bool):
         B, L = valid.shape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from agentrl.model.kernels import exp
+from agentrl.model.kernels.ops import exp
 
 # PyTorch's fused CPU log_softmax is off by up to ~2e-4 nats in float32 on a 151,936-entry vocabulary, a bias and not
 # noise (docs/labs.md), while logits - logsumexp(logits) stays within ~2e-6. Vocabularies up to this size keep the

@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentrl.model.cache import Chunk, KVCache
-from agentrl.model.kernels import KERNELS, exp
+from agentrl.model.kernels.ops import exp
+from agentrl.model.kernels.registry import KERNELS
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 from agentrl.model.packing import pad_rows, real_positions, row_starts
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from agentrl.core.config import ADV_ESTIMATORS, KL_KINDS, LOSS_MODES, POLICY_LOSSES, RATIO_LEVELS, REWARD_SCALES
-from agentrl.model.kernels import exp
+from agentrl.model.kernels.ops import exp
 
 
 @ADV_ESTIMATORS.register("grpo")

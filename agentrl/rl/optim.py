@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.model.kernels import sqrt
+from agentrl.model.kernels.ops import sqrt
 
 
 class Adam(torch.optim.Adam):

@@ -19,7 +19,7 @@ import ast
 import re
 from pathlib import Path
 
-CODE_SUFFIXES = (".py", ".cpp")   # what a stage's deps hold as code (the rest are inputs)
+CODE_SUFFIXES = (".py", ".cpp", ".h")   # what a stage's deps hold as code (the rest are inputs)
 
 
 def is_code(path: str) -> bool:
@@ -115,7 +115,8 @@ def code_closure(script: str, root: Path | str = ".") -> list[str]:
 
 
 def rewrite_dvc_yaml(root: Path | str = ".") -> list[str]:
-    """Replace the code entries (is_code) of each stage's deps in dvc.yaml with its code closure; returns changed stages."""
+    """Replace the code entries (is_code) of each stage's deps in dvc.yaml with its code closure; returns changed
+    stages."""
     root = Path(root)
     text = (root / "dvc.yaml").read_text()
     changed = []

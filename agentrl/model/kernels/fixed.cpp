@@ -923,6 +923,7 @@ std::string isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "C = A B (+ bias), fixed order", py::arg("a"), py::arg("b"), py::arg("bias") = py::none());
   m.def("pack_linear", &pack_linear);
+  m.def("mm_packed", &mm_packed);
   m.def("colsum", &colsum);
   m.def("attention_forward", &attention_forward);
   m.def("attention_backward", &attention_backward);

@@ -19,10 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from agentrl.core.registry import Registry
 from agentrl.model.kernels.build import load
-
-KERNELS = Registry("kernel set", field="kernels", module="agentrl.model.kernels.ops")
+from agentrl.model.kernels.registry import KERNELS
 
 
 def _fixed_eligible(x: torch.Tensor) -> bool:
