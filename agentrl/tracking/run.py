@@ -208,8 +208,8 @@ def _write_record(path: Path, record: dict) -> None:
 
 
 def write_index(directory: Path) -> None:
-    """reports/provenance/README.md: one row per stage record (run id, params hash, commit, wall time), so the
-    runs behind the report's numbers and the per-stage times of the last run are one click away."""
+    """reports/provenance/README.md: one row per stage record (run id, params hash, commit, wall and CPU time), so
+    the runs behind the report's numbers and the per-stage times of the last run are one click away."""
     rows = []
     for path in sorted(directory.glob("*.json")):
         try:
@@ -218,21 +218,25 @@ def write_index(directory: Path) -> None:
             continue
         rows.append(r)
     total = sum(r.get("this_run_seconds", 0.0) for r in rows)
+    cpu = sum(r.get("this_run_cpu_seconds", 0.0) for r in rows)
     lines = ["# Provenance records", "",
              "One record per stage run, written by the stage when it finishes (`agentrl.tracking.run`): the MLflow "
              "run,",
-             "the params hash, the code version and the wall time. They are not stage outputs (outputs depend only on",
+             "the params hash, the code version, the wall time and the CPU time of all its threads. They are not stage",
+             "outputs (outputs depend only on",
              "what made them), so a rerun rewrites these files and nothing else. `python -m agentrl audit` reads "
              "them.", "",
-             "| stage | MLflow run | pipeline run | params hash | fingerprint | git commit | wall time (s) | started |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| stage | MLflow run | pipeline run | params hash | fingerprint | git commit | wall time (s) "
+             "| CPU time (s) | started |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        cpu_s = f"{r['this_run_cpu_seconds']:.1f}" if "this_run_cpu_seconds" in r else ""
         lines.append(f"| `{r['stage']}` | `{r['mlflow']['run_id']}` | `{r.get('pipeline_run', '')}` | "
                      f"`{r.get('params_hash', '')}` | `{r['fingerprint']}` | `{r.get('git_commit', '')[:12]}`"
-                     f"{' (dirty)' if r.get('dirty') else ''} | {r.get('this_run_seconds', 0):.1f} | "
+                     f"{' (dirty)' if r.get('dirty') else ''} | {r.get('this_run_seconds', 0):.1f} | {cpu_s} | "
                      f"{r.get('started', '')} |")
-    lines += ["", f"Sum of the stages' own wall times: {total:.0f} s (interpreter start-up and DVC bookkeeping, about "
-              "2-5 s per stage, come on top)."]
+    lines += ["", f"Sum of the stages' own wall times: {total:.0f} s, CPU times {cpu:.0f} s (interpreter start-up and "
+              "DVC bookkeeping, about 2-5 s per stage, come on top)."]
     tmp = temporary_name(directory / "README.md")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, directory / "README.md")
@@ -260,7 +264,7 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
     run = _retry(client.create_run, exp_id, run_name=stage, tags=_run_tags(record, git, work, root))
     handle = StageRun(client, run.info.run_id, record, getattr(run.info, "artifact_uri", None), uri)
     handle.previous_runs = orphans
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     status, clean = "FAILED", False
     try:
         with signals_as_exceptions():   # SIGTERM closes the run KILLED, like Ctrl-C
@@ -282,7 +286,8 @@ def stage_run(stage: str, params: Mapping, inputs: Iterable[str | Path], threads
                               "continues": handle.previous_runs},
                    "pipeline_run": pipeline_run_id(),
                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                   "wall_seconds": round(handle.previous_seconds + wall, 3), "this_run_seconds": round(wall, 3)}
+                   "wall_seconds": round(handle.previous_seconds + wall, 3), "this_run_seconds": round(wall, 3),
+                   "this_run_cpu_seconds": round(time.process_time() - cpu_started, 3)}
             _write_record(record_path(stage, work), out)
             write_index(record_path(stage, work).parent)
             handle.log_artifact(record_path(stage, work), "provenance")

@@ -123,3 +123,15 @@ def _build(name: str, directory: Path, flags: list[str], verbose: bool):
         raise KernelBuildError(f"{SOURCE.name}: the C++ kernels did not build ({first}); a C++ compiler (g++) and "
                                f"ninja are needed: `make install` installs them into the virtualenv, "
                                f"AGENTRL_KERNELS_VERBOSE=1 shows the compiler's output") from None
+
+
+if __name__ == "__main__":   # `make install`: build (or find) this machine's kernels, one line either way
+    import sys
+    import time
+    start = time.perf_counter()
+    try:
+        built = load()
+    except KernelBuildError as exc:
+        print(f"kernels: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(f"kernels: {built.__name__} ({built.isa()} path) ready in {time.perf_counter() - start:.1f} s")
