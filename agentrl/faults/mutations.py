@@ -45,7 +45,7 @@ MUTATIONS = (
     Mutation("gather_off_by_one", "model/policy.py",
              "        logp = selected_log_probs(logits, ids[:, 1:].reshape(-1)[at])",
              "        logp = selected_log_probs(logits, ids[:, :-1].reshape(-1)[at])",
-             "trainer log-probs gathered at the input token instead of the next one", frozenset({2, 3, 6})),
+             "trainer log-probs gathered at the input token instead of the next one", frozenset({2, 3, 6, 8})),
     Mutation("clip_bounds_swapped", "rl/objectives.py", "ratio.clamp(1 - low, 1 + high)",
              "ratio.clamp(1 + high, 1 - low)", "clip bounds swapped", frozenset({6})),
     Mutation("ratio_inverted", "rl/objectives.py", "    return exp(logp - old_logp)",

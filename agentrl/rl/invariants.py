@@ -122,7 +122,7 @@ def check_log_probs(model, batch: dict, mbs: list, cfg: RLConfig, seams: Seams) 
     gap = (torch.cat([r.detach() for r in recomputed]) - batch["sample_logp"]).abs()
     with torch.no_grad():
         fresh = refs.log_probs(model, batch["ids"], cfg.temperature, mask)
-    ratio = torch.exp(fresh - torch.cat([o.detach() for o in old]).double())
+    ratio = refs.exp(fresh - torch.cat([o.detach() for o in old]).double())
     return {"sampler_trainer_gap": _masked_max(gap, mask), "ratio_is_one": _masked_max((ratio - 1).abs(), mask)}
 
 
@@ -200,9 +200,17 @@ def check_update(model, batch: dict, truth: torch.Tensor, cfg: RLConfig, seams: 
         after = refs.log_probs(live, batch["ids"], cfg.temperature, truth)
     adv = refs.group_advantages(batch["rewards"], batch["group"], cfg.adv_estimator, cfg.reward_scale)
     delta = ((after - before) * truth).sum(1) / truth.sum(1).clamp(min=1)
-    direction = float(torch.corrcoef(torch.stack([delta, adv]))[0, 1]) if adv.abs().sum() > 0 else float("nan")
+    direction = pearson(delta, adv.double()) if adv.abs().sum() > 0 else float("nan")
     return {"old_logp_frozen": frozen, "update_direction": direction,
             "kl_to_reference": refs.kl_divergence(live, ref, batch["ids"], truth, cfg.temperature)}
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The correlation coefficient by its definition, in PyTorch's own reductions (torch.corrcoef's product is
+    MKL's, whose last bits depend on the CPU)."""
+    dx, dy = x - x.mean(), y - y.mean()
+    spread = math.sqrt(float((dx * dx).sum() * (dy * dy).sum()))
+    return float((dx * dy).sum()) / spread if spread > 0 else float("nan")   # as corrcoef: no spread, no correlation
 
 
 # ---------------------------------------------------------------- all nine

@@ -11,7 +11,7 @@ agentrl.core.config's; the knob's allowed values are their names):
                                       (meta weight: "tokens" or "rows", how microbatches share a minibatch)
     KL_KINDS        rl.kl_kind        k(log_ratio [B, L]) -> [B, L]
 
-`exp` is agentrl.model.kernels.exp: torch.exp's float32 CPU kernel depends on the CPU (docs/numerics.md).
+`exp` is agentrl.model.kernels.ops.exp: torch.exp's float32 CPU kernel depends on the CPU (docs/numerics.md).
 """
 from __future__ import annotations
 

@@ -20,6 +20,15 @@ import torch
 from agentrl.core.registry import Registry
 from agentrl.rl.rollout import OWNER
 
+LOG2E = 1.0 / math.log(2.0)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x as 2^(x log2 e) (float64 here): PyTorch's own exp2, the same bits on every CPU, where torch.exp of a
+    float64 is MKL's, whose last bits depend on the CPU (docs/numerics.md)."""
+    return torch.exp2(x * LOG2E)
+
+
 NO_GRAD_ELEMENTS = 2**27   # a float64 [positions, vocab] log-softmax of at most 1 GiB per pass without gradient
 ADV_EPS = 1e-6   # the advantage formula's epsilon: (r - group mean) / (unbiased group std + eps)
 
@@ -33,7 +42,7 @@ KL_ESTIMATORS = Registry("reference KL estimator", "rl.kl_kind", hint=_HINT)    
 # KL(pi || ref) per sampled token, x = log pi(token) - log ref(token) (Schulman's k1, k2, k3)
 KL_ESTIMATORS.register("k1", lambda x: x)
 KL_ESTIMATORS.register("k2", lambda x: x * x / 2)
-KL_ESTIMATORS.register("k3", lambda x: torch.exp(-x) - 1 + x)
+KL_ESTIMATORS.register("k3", lambda x: exp(-x) - 1 + x)
 
 
 def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
@@ -151,14 +160,14 @@ def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor, temperature
     for rows in row_chunks(ids, mask, vocab_size(model)):
         i, m = ids[rows], mask[rows]
         lp, lq = log_softmax_at(model, i, m, temperature), log_softmax_at(ref, i, m, temperature)
-        total = total + (on_grid((lp.exp() * (lp - lq)).sum(-1), i, m) * m).sum()
+        total = total + (on_grid((exp(lp) * (lp - lq)).sum(-1), i, m) * m).sum()
     return float(total / max(float(mask.sum()), 1.0))
 
 
 @RATIOS.register("token")
 def token_ratios(lps: list, olds: list[float]) -> list:
     """r = exp(lp - old) for each token."""
-    return [torch.exp(lp - old) for lp, old in zip(lps, olds)]
+    return [exp(lp - old) for lp, old in zip(lps, olds)]
 
 
 @RATIOS.register("sequence")
@@ -167,7 +176,7 @@ def sequence_ratios(lps: list, olds: list[float]) -> list:
     if not lps:
         return []
     log_s = min(sum(float(lp.detach()) - old for lp, old in zip(lps, olds)) / len(lps), 10.0)
-    return [math.exp(log_s) * torch.exp(lp - lp.detach()) for lp in lps]
+    return [math.exp(log_s) * exp(lp - lp.detach()) for lp in lps]
 
 
 @POLICY_TERMS.register("clip")
@@ -208,7 +217,7 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
     # each token's log-prob and entropy taken out of logz once, as separate scalars: indexing logz per token would
     # give every token a backward of the whole [N, V] (quadratic in the tokens; minutes on a 151,936-token vocabulary)
     token_logp = logz.gather(-1, ids[:, 1:][mask > 0][:, None]).squeeze(-1).unbind(0)
-    token_entropy = (-(logz.exp() * logz).sum(-1)).unbind(0) if cfg.entropy_coef else None
+    token_entropy = (-(exp(logz) * logz).sum(-1)).unbind(0) if cfg.entropy_coef else None
     ratios, policy_term = RATIOS[cfg.ratio_level], POLICY_TERMS[cfg.policy_loss]
     kl, aggregate = KL_ESTIMATORS[cfg.kl_kind], AGGREGATIONS[cfg.loss_mode]
     row_sums, row_counts = [], []
