@@ -19,7 +19,8 @@ from pathlib import Path
 
 from agentrl.core.knobs import UserError
 
-COMPILES = ["fixed.cpp", "fixed_math.h"]   # the sources it compiles at run time: code of every stage that loads it
+# the sources it compiles at run time: code of every stage that loads it (agentrl.tracking.closure)
+COMPILES = ["fixed.cpp", "fixed_lanes.h", "fixed_math.h", "fixed_gemm.h", "fixed_attention.h"]
 SOURCE = Path(__file__).with_name(COMPILES[0])
 # what the compiler may not do to the written order of operations, and the ISA of the x86 build
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only", "-fopenmp"]
