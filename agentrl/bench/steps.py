@@ -48,6 +48,26 @@ def time_steps(model, tok, tasks, cfg, steps: int, threads: int) -> dict:
             "step_cpu_s": statistics.median(a + b for a, b in zip(sample_c, update_c))}
 
 
+CLONING_STEPS = 30
+
+
+def time_cloning(tok, tasks, steps: int) -> float:
+    """CPU seconds of a base cloning of `steps` steps at 1 thread (the pipeline's base recipe, shortened)."""
+    import dataclasses
+
+    import torch
+
+    from agentrl.core.config import BaseConfig
+    from agentrl.starting.tinyagent import make_rl_base
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    c0 = time.process_time()
+    make_rl_base(tok, tasks, dataclasses.replace(BaseConfig(), steps=steps, teach_steps=steps // 2), seed=0)
+    cpu = time.process_time() - c0
+    torch.set_num_threads(threads)
+    return cpu
+
+
 def full_recompute_episodes(model, envs: list, tok, generator, temperature: float = 1.0,
                             max_call_tokens: int = 5) -> list:
     """The baseline sampler: the same turn loop and the same draws as rollout.sample_episodes, but no KV cache:
@@ -195,12 +215,13 @@ def run_bench(args, model, source: str, tok) -> int:
     print(f"bench: TinyAgent {model.num_params():,} parameters ({source}), {args.kernels} kernels; one step = "
           f"{cfg.group_size * cfg.tasks_per_step} episodes sampled + one update; median of {args.steps} steps")
     steps = {}
-    if args.json:   # one mode's step times, for compare_numerics
+    if args.json:   # one mode's step times (and a base cloning's CPU seconds at 1 thread), for compare_numerics
         import json
         import os
         for threads in args.threads:
             steps[threads] = time_steps(model, tok, tasks, cfg, args.steps, threads)
-        print(json.dumps({"numerics": os.environ.get("AGENTRL_NUMERICS"), "steps": steps}))
+        print(json.dumps({"numerics": os.environ.get("AGENTRL_NUMERICS"), "steps": steps,
+                          "cloning_cpu_s": time_cloning(tok, tasks, CLONING_STEPS)}))
         return 0
     for threads in args.threads:
         r = steps[threads] = time_steps(model, tok, tasks, cfg, args.steps, threads)
@@ -304,11 +325,13 @@ def compare_numerics(args) -> int:
                 print(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"bench: {mode} failed",
                       file=sys.stderr)
                 return out.returncode
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["steps"])
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[mode].append(result["steps"] | {"cloning_cpu_s": result["cloning_cpu_s"]})
     cpu = cpu_info()
     print(f"bench: numerics modes side by side on {cpu['vendor']} {cpu['model']}, {args.numerics_compare} "
           f"alternating rounds of {args.steps} steps per mode and thread count (median of the rounds' medians)")
     keys = ("sample_s", "update_s", "step_s", "sample_cpu_s", "update_cpu_s", "step_cpu_s")
+    cloning = {m: statistics.median(r["cloning_cpu_s"] for r in runs[m]) for m in runs}
     for threads in args.threads:
         med = {m: {k: statistics.median(r[str(threads)][k] for r in runs[m]) for k in keys} for m in runs}
         for mode in ("native", "portable"):
@@ -320,6 +343,8 @@ def compare_numerics(args) -> int:
         print(f"  threads {threads} portable / native: step x{r['step_s']:.2f} wall, x{r['step_cpu_s']:.2f} CPU; "
               f"sampling x{r['sample_s']:.2f} / x{r['sample_cpu_s']:.2f}; update x{r['update_s']:.2f} / "
               f"x{r['update_cpu_s']:.2f}")
+    print(f"  base cloning ({CLONING_STEPS} steps, 1 thread): native {cloning['native']:.2f} CPU s, portable "
+          f"{cloning['portable']:.2f} CPU s: x{cloning['portable'] / cloning['native']:.2f}")
     return 0
 
 
