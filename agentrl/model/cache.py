@@ -2,10 +2,10 @@
 
 Every row of the cache owns the same slots: a chunk appends L slots to every row, and a row with nothing to add at
 a slot leaves it invalid, so episodes at different points of their turn structure advance together. Keys and
-values live in preallocated, zeroed buffers [B, H, capacity, Dh]: appending writes only the new slots (the capacity
-doubles when full). Rows whose episode ended leave with `keep`, which only renumbers: the callers' rows map to cache
-rows (`rows`), and nothing is copied. An unwritten slot holds zeros (a kernel set that masks instead of skipping
-still sees finite keys) and `valid` [B, capacity] says which slots hold a token.
+values live in preallocated buffers [B, H, capacity, Dh]: appending writes only the new slots (the capacity doubles
+when full). Rows whose episode ended leave with `keep`, which only renumbers: the callers' rows map to cache rows
+(`rows`), and nothing is copied. An unwritten slot holds anything (a kernel set reads only the slots `valid`
+[B, capacity] marks).
 
 A packed `Chunk` computes only the valid slots: M rows through every layer, each attending to its row's valid slots
 up to its own (agentrl.model.policy).
@@ -29,7 +29,7 @@ class KVCache:
         self.rows: torch.Tensor | None = None   # the cache row of each of the caller's rows (None: all, in order)
 
     def _buffers(self, rows: int, slots: int):
-        return (torch.zeros(2, self.n_layer, rows, self.n_head, slots, self.head_dim),
+        return (torch.empty(2, self.n_layer, rows, self.n_head, slots, self.head_dim),
                 torch.zeros(rows, slots, dtype=torch.bool))
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

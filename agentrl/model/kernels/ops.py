@@ -141,7 +141,9 @@ def torch_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
     S = int(slot.max()) + 1
     visible = valid[row, :S] & (torch.arange(S)[None] <= slot[:, None])
     mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))[:, None, None]
-    y = F.scaled_dot_product_attention(q[:, :, None], keys[row, :, :S], values[row, :, :S], attn_mask=mask)
+    seen = visible[:, None, :, None]   # an unwritten slot may hold anything: zeros, so that masked scores stay finite
+    k, v = keys[row, :, :S].where(seen, 0.0), values[row, :, :S].where(seen, 0.0)
+    y = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)
     return y[:, :, 0]
 
 
