@@ -48,3 +48,10 @@ def test_a_change_on_purpose_can_be_limited_to_named_fields(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"runs": {"x": {"eval_pass": 0.6, "reward": 0.2}}}))
     res = compare(snap, tmp_path, [{"from": "a.json:", "fields": ["eval_pass"], "changed": "new stream"}])
     assert res["changed"] == {"new stream": 1} and res["differ"] == [("a.json:runs.x.reward", 0.1, 0.2)]
+
+
+def test_the_command_accepts_a_fresh_snapshot_with_no_rules(capsys):
+    from agentrl.report.numbers import main
+    snapshot, moved = FIXTURES / "reports_numbers.json", FIXTURES / "reports_moved.json"
+    assert main(str(snapshot), str(REPO / "reports"), str(moved)) == 0
+    assert " 0 differ, 0 missing" in capsys.readouterr().out

@@ -95,10 +95,12 @@ def compare(snap: dict, reports_dir: Path | str, moved: list[dict] = ()) -> dict
 
 
 def main(snapshot_path: str, reports_dir: str, moved_path: str | None) -> int:
-    from agentrl.core.artifacts import read_json
+    from agentrl.core.artifacts import Leaf, read_json
     snap = read_json(snapshot_path, {str: {str: (float, bool, None)}})
     rule = ({"from": str, "to": str}, {"from": str, "removed": str}, {"from": str, "changed": str})
-    moved = read_json(moved_path, {"rules": [rule]})["rules"] if moved_path and Path(moved_path).is_file() else []
+    no_rules = Leaf(list, lambda v: not v, "an empty list")   # a fresh snapshot: every number where it was
+    moved = read_json(moved_path, {"rules": ([rule], no_rules)})["rules"] if moved_path and Path(moved_path).is_file() \
+        else []
     res = compare(snap, reports_dir, moved)
     total = sum(len(v) for v in snap.values())
     print(f"compare-reports: {total} numbers in {snapshot_path}: {res['equal']} equal in place, "
