@@ -26,11 +26,22 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"configs": {"a b": {}}}, r"lab.configs: 'a b': a lab name is letters, digits and _"),
     ({"configs": {"nl\n": {}}}, r"lab.configs: 'nl\\n': a lab name is letters, digits and _"),
     ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, device, eval_batch, configs"),
+    ({"configs": {"menu": {"hidden": 1_000_000}}}, r"lab.configs.menu.hidden: expected an integer in \[8, 4096\]"),
+    ({"configs": {"menu": {"steps": 10**21}}}, r"lab.configs.menu.steps: expected an integer in \[1, 100000\]"),
 ])
 def test_a_bad_lab_value_is_one_line_naming_it(values, message):
     with pytest.raises(ParamsError, match=message) as err:
         load_section("lab", {"lab": values})
     assert "\n" not in str(err.value)
+
+
+def test_a_random_init_model_larger_than_the_machine_is_refused_with_its_estimate(monkeypatch):
+    from agentrl.core import lab_config
+    monkeypatch.setattr(lab_config, "memory_bytes", lambda: 4 * 2**30)   # a 4 GiB machine
+    with pytest.raises(ParamsError, match=r"lab.configs.menu.hidden: a random-init Qwen3 of hidden 2048 and 16 "
+                                          r"layers needs about 5.\d GiB .*this machine has 4.0 GiB"):
+        load_section("lab", {"lab": {"configs": {"menu": {"hidden": 2048, "layers": 16}}}})
+    load_section("lab", {"lab": {"configs": {"menu": {"hidden": 256, "layers": 16}}}})   # 0.6 GiB: fits
 
 
 def test_a_lab_is_a_config_entry():

@@ -24,31 +24,59 @@ class LabRun(Section):
     model: str | None = knob(None, str, "a Hugging Face model directory (Qwen3 or Llama: config.json, weights, "
                              "tokenizer files); null: a small random-init Qwen3 written here with save_pretrained",
                              nullable=True)
-    hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8)
-    layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1)
-    demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=0)
-    clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps (0: none)", lo=0)
+    hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8, hi=4096)
+    layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1, hi=64)
+    demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=0, hi=1000)
+    clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps (0: none)", lo=0, hi=100_000)
     clone_lr: float = knob(3e-3, float, "cold start: Adam learning rate", lo=0.0, lo_open=True)
-    clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1)
-    steps: int = _int(25, "GRPO steps", lo=1)
-    tasks_per_step: int = _int(4, "GRPO: tasks per step", lo=1)
-    episodes_per_task: int = _int(8, "GRPO: episodes per task (the group)", lo=2)
+    clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1, hi=4096)
+    steps: int = _int(25, "GRPO steps", lo=1, hi=100_000)
+    tasks_per_step: int = _int(4, "GRPO: tasks per step", lo=1, hi=1024)
+    episodes_per_task: int = _int(8, "GRPO: episodes per task (the group)", lo=2, hi=1024)
     lr: float = knob(4e-4, float, "GRPO: Adam learning rate", lo=0.0, lo_open=True)
-    microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1)
+    microbatches: int = _int(1, "GRPO: gradient accumulation inside a minibatch", lo=1, hi=1024)
     new_tokens: int = _int(24, "new tokens per turn: a turn without its end-of-turn token is cut off after this many",
-                           lo=3)
-    max_turns: int = _int(6, "turns per episode", lo=1)
-    eval_per_task: int = _int(8, "held-out episodes per task at each evaluation", lo=1)
+                           lo=3, hi=4096)
+    max_turns: int = _int(6, "turns per episode", lo=1, hi=64)
+    eval_per_task: int = _int(8, "held-out episodes per task at each evaluation", lo=1, hi=4096)
     numerics: str | None = knob(None, str, "CPU numerics of this lab (portable or native); null: run.numerics. A "
                                 "pretrained model's GEMMs run several times faster native", choices=NUMERICS_MODES,
                                 nullable=True)
     probe_group: int = _int(4, "episodes per group of the preflight's two groups (its float64 references hold "
-                            "[policy tokens, vocabulary] log-softmaxes)", lo=2)
+                            "[policy tokens, vocabulary] log-softmaxes)", lo=2, hi=64)
 
     def check(self):
         if self.demos_per_task == 0 and self.clone_steps > 0:
             raise ConfigError("LabRun.clone_steps: a cold start needs demonstrations (demos_per_task > 0); set "
                               "clone_steps: 0 for none")
+        if self.model is None:
+            need, have = small_model_training_bytes(self.hidden, self.layers), memory_bytes()
+            if have and need > 0.8 * have:
+                raise ConfigError(f"LabRun.hidden: a random-init Qwen3 of hidden {self.hidden} and {self.layers} "
+                                  f"layers needs about {need / 2**30:.1f} GiB for its weights, gradients and Adam's "
+                                  f"state; this machine has {have / 2**30:.1f} GiB")
+
+
+QWEN3_VOCAB = 151_936   # the pinned Qwen3 tokenizer's vocabulary, which the small random-init Qwen3 uses
+
+
+def small_model_training_bytes(hidden: int, layers: int) -> int:
+    """Weights, gradients and Adam's two moments (4 x 4 bytes a parameter) of the small random-init Qwen3
+    (agentrl.backends.hf.small_config: tied embeddings, 4 heads of 16, 2 key-value heads, an MLP of 192)."""
+    per_layer = hidden * 64 + 2 * hidden * 32 + 64 * hidden + 3 * hidden * 192 + 2 * hidden
+    return 16 * (QWEN3_VOCAB * hidden + layers * per_layer + hidden)
+
+
+def memory_bytes() -> int | None:
+    """This machine's memory (MemTotal of /proc/meminfo), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 # the committed labs: the small random-init Qwen3 on the gym's tools (menu) and on the generic coding tools (tools)
