@@ -62,6 +62,38 @@ def test_a_paired_interval_that_now_includes_zero_changes_a_conclusion(trees):
     assert "1 conclusion(s) of the report change" in verdict(res)
 
 
+def test_an_unreadable_report_is_one_line_naming_it(trees):
+
+    from agentrl.report.verdict import CompareError
+    a, b = trees
+    (b / "test.json").unlink()
+    cases = {"a dangling symlink": lambda p: p.symlink_to(b / "nowhere.json"),
+             "a symlink loop": lambda p: (p.symlink_to(b / "loop"), (b / "loop").symlink_to(p)),
+             "a character device": lambda p: p.symlink_to("/dev/zero"),
+             "truncated JSON": lambda p: p.write_text((a / "test.json").read_text()[:300])}
+    for what, make in cases.items():
+        for extra in (b / "test.json", b / "loop"):
+            if extra.is_symlink() or extra.exists():
+                extra.unlink()
+        make(b / "test.json")
+        with pytest.raises(CompareError) as err:
+            compare_trees(a, b)
+        assert str(err.value).startswith(str(b / "test.json")) and "\n" not in str(err.value), what
+
+
+def test_a_nan_interval_is_no_conclusion_and_json_stays_strict(trees, capsys):
+    from agentrl.report.verdict import main
+    a, b = trees
+    edit(b, "test.json", lambda d: d["paired_diff"].update(ci_lo=float("nan"), ci_hi=float("nan")))
+    res = compare_trees(a, b)
+    assert res["conclusions"]["paired gain interval (chosen - start)"] == "> 0"
+    assert compare_trees(b, a)["conclusions"]["paired gain interval (chosen - start)"] == "NaN"
+    assert main(str(a), str(b), as_json=True) == 1
+    out = capsys.readouterr().out
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    assert '"NaN"' in out
+
+
 @pytest.mark.slow
 def test_the_verb_exit_codes(trees, tmp_path):
     a, b = trees

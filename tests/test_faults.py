@@ -284,22 +284,29 @@ def test_entropy_sign_collapses_entropy(short_catalogue):
     assert short_catalogue["checks"]["entropy_sign"]["required_holds"]
 
 
-def test_length_bias_grows_failed_episodes_more_than_the_twin(short_catalogue):
+def test_the_length_pair_is_the_stages_own_and_its_signature_a_property_of_seeds(short_catalogue):
+    """The length pair here is the faults stage's own (seed 0, bit-identical at 2 threads: reports/faults.json), and
+    its check says what its numbers say. Whether failed episodes grow under the length-biased loss is a property of
+    seeds, not of one: at seed 0 on the fixed kernels they do not (-0.2 tokens; the report says "partly"), across
+    seeds 0-11 they grow by +6.1 tokens more than the twin's [+3.3, +9.2] (reports/studies/length_bias.json,
+    docs/length_bias.md)."""
     f, t = _h(short_catalogue, "length_bias"), _h(short_catalogue, "length_twin")
     k = hist._window(len(f))
     df = hist.end_mean(f, "length_fail", k) - hist.end_mean(f, "length_fail", k, start=True)
     dt = hist.end_mean(t, "length_fail", k) - hist.end_mean(t, "length_fail", k, start=True)
-    assert df >= sig.ONE_CALL_TOKENS and df > dt
     c = _check(short_catalogue, "length_bias", "length_fail change")
     assert c["faulty"] == pytest.approx(df) and c["healthy"] == pytest.approx(dt)
-    # the twin's failed episodes stay within one call: this is the stage's own pair (seed 0, bit-identical at
-    # 2 threads); over seeds 0-23 the twin's change spreads with a standard deviation of 4.5 tokens around
-    # +0.2 and the signature holds at 16 of 24 (docs/length_bias.md)
-    assert dt < sig.ONE_CALL_TOKENS and c["holds"] and short_catalogue["checks"]["length_bias"]["required_holds"]
+    committed = json.loads((REPO / "reports" / "faults.json").read_text())["signatures"]["length_bias"]["checks"]
+    stage = next(x for x in committed if x["metric"] == "length_fail change")
+    assert (stage["faulty"], stage["healthy"]) == (df, dt)
+    assert c["holds"] == (df >= sig.ONE_CALL_TOKENS and df > dt and dt < sig.ONE_CALL_TOKENS) == stage["holds"]
+    study = json.loads((REPO / "reports" / "studies" / "length_bias.json").read_text())["across_seeds"]
+    assert study["seeds"] >= 12 and study["holds"] and study["diff_lo"] > sig.ONE_CALL_TOKENS
     # the start fails long (the reference starts at ≈ 21 policy tokens) and passes short
     assert hist.end_mean(f, "length_fail", k, start=True) > hist.end_mean(f, "length_pass", k, start=True) + 3
-    # the faulty run's failures grow by running out of turns more often, and the check reports that share
-    assert c["faulty_turn_limit_end"] > c["faulty_turn_limit_start"] + 0.1
+    # the check reports the share of failures that ran out of turns (how a faulty run's failures grow, when they do)
+    assert c["faulty_turn_limit_start"] == pytest.approx(hist.end_mean(f, "fail_turn_limit", k, start=True))
+    assert c["faulty_turn_limit_end"] == pytest.approx(hist.end_mean(f, "fail_turn_limit", k))
     assert all(0 <= r["fail_turn_limit"] <= 1 for r in f + t if r["fail_turn_limit"] == r["fail_turn_limit"])
     assert "ran out of turns" in c["detail"]
 

@@ -31,6 +31,7 @@ import io, os, runpy, signal, sys
 import torch
 sys.path.insert(0, os.getcwd())
 import agentrl.eval.evaluation as evaluation
+import agentrl.rl.optim as optim
 import agentrl.rl.resume as validation
 
 where, _, at = os.environ["KILL_AT"].partition(":")
@@ -39,7 +40,7 @@ def die():
     open("killed_at", "w").write(os.environ["KILL_AT"])
     os.kill(os.getpid(), signal.SIGKILL)
 
-save, evaluate, adam_step = validation.save_checkpoint, evaluation.evaluate, torch.optim.Adam.step
+save, evaluate, adam_step = validation.save_checkpoint, evaluation.evaluate, optim.Adam.step
 calls = {"adam": 0}
 def save_checkpoint(model, path, tok_hash, extra=None):
     if where == "writing" and extra["step"] == at:   # the kill lands inside the write: half a file on disk
@@ -68,7 +69,7 @@ def step(self, *args, **kwargs):
     return out
 validation.save_checkpoint, evaluation.evaluate = save_checkpoint, evaluate_
 validation.CheckpointHook._checkpoint = _checkpoint
-torch.optim.Adam.step = step
+optim.Adam.step = step
 runpy.run_module("stages.train", run_name="__main__")
 """
 

@@ -27,6 +27,27 @@ def test_a_file_uri_is_refused_in_one_line_naming_the_way_out(monkeypatch):
     assert "\n" not in str(err.value) and time.time() - t0 < 1
 
 
+@pytest.mark.parametrize("uri, needs", [("postgresql://u@localhost/db", "psycopg2"),
+                                        ("mysql+pymysql://u@localhost/db", "pymysql"),
+                                        ("mssql://u@localhost/db", "pyodbc"), ("databricks", "no store for"),
+                                        ("redis://localhost", "no store for")])
+def test_a_scheme_this_install_cannot_serve_is_one_line_naming_what_is_supported(uri, needs, monkeypatch):
+    monkeypatch.setattr(store, "_installed", lambda module: False)   # whatever the machine has installed
+    with pytest.raises(StoreError) as err:
+        probe(uri)
+    text = str(err.value)
+    assert text.startswith(f"MLflow tracking store {uri}: ") and needs in text and "\n" not in text
+    assert text.endswith("supported here: sqlite:///PATH, http(s)://HOST[:PORT]")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "databricks")
+    assert store.tracking_uri(REPO) == "databricks"   # a name, not a local directory
+
+
+def test_a_database_whose_driver_is_installed_passes_the_scheme_check(monkeypatch):
+    monkeypatch.setattr(store, "_installed", lambda module: module == "psycopg2")
+    assert store.scheme_problem("postgresql://u@h/db") is None and store.scheme_problem("sqlite:///x.db") is None
+    assert "psycopg" in store.scheme_problem("postgresql+psycopg://u@h/db")
+
+
 def test_a_locked_store_is_named_as_locked_after_a_bounded_wait(tmp_path, store_template, monkeypatch):
     db = tmp_path / "mlflow.db"
     shutil.copy(store_template, db)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -369,6 +370,9 @@ def test_extract_handles_indices_and_dotted_keys():
     assert audit_mod.extract(data, "x.y.z.w") == 3
     with pytest.raises(audit_mod.AuditError, match="cannot look up 'c'"):
         audit_mod.extract(data, "a.0.b.c", "f.json")
+    for index in ("0_1", " 1", "\u0663", "-1", "+1"):   # int() reads all of these; an index is ASCII digits
+        with pytest.raises(audit_mod.AuditError, match=re.escape(f"no index '{index}' at 'a'")):
+            audit_mod.extract(data, f"a.{index}.b", "f.json")
 
 
 def test_audit_clear_errors(project):

@@ -154,16 +154,29 @@ def compare_samplers(model, tok, tasks, cfg, repeats: int, threads: int) -> dict
             "same_episodes": sum(alike) / len(alike)}
 
 
-OP_GROUPS = {"attention": ("aten::scaled_dot_product_attention",),
-             "linear layers": ("aten::linear", "aten::addmm", "aten::mm")}
+OP_GROUPS = ("fixed kernels", "PyTorch operators")
+
+
+def op_group(fn: tuple) -> str | None:
+    """The group of a cProfile entry (file, line, name): the fixed kernels' C++ calls, PyTorch's, or Python."""
+    file, _, name = fn
+    if file != "~":
+        return None
+    if "agentrl_fixed" in name:
+        return "fixed kernels"
+    if "torch" in name or "Tensor" in name:
+        return "PyTorch operators"
+    return None
 
 
 def sampler_op_shares(model, tok, tasks, cfg, threads: int, seed: int = 3) -> dict:
-    """torch.profiler over each sampler on the same batch of episodes: {sampler: {"wall": s, "ops": s of top-level
-    torch ops, group: s}}, where a group's time is its top-level ops' CPU time (children included), so it is the
-    share of the sampler that kernel family costs."""
+    """cProfile over each sampler on the same batch of episodes: {sampler: {"wall": s, "ops": s in C++ calls,
+    group: s}}, where a group's time is the own time of its C++ entry points (the fixed kernels' calls, PyTorch's
+    operators); the rest of the wall is Python and the gym."""
+    import cProfile
+    import pstats
+
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from agentrl.env.gym.spec import GYM
     from agentrl.rl.rollout import sample_episodes
@@ -173,26 +186,28 @@ def sampler_op_shares(model, tok, tasks, cfg, threads: int, seed: int = 3) -> di
     for name, sampler in (("KV cache", sample_episodes), ("full recompute", full_recompute_episodes)):
         for _ in range(2):   # the first pass warms up; the second is kept
             envs, gen = one_step_of_envs(tasks, cfg, factory, seed)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                t0 = time.perf_counter()
-                sampler(model, envs, tok, gen, cfg.temperature, cfg.max_call_tokens)
-                wall = time.perf_counter() - t0
-        top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
-        row = {"wall": wall, "ops": sum(e.cpu_time_total for e in top) / 1e6}
-        for group, names in OP_GROUPS.items():
-            row[group] = sum(e.cpu_time_total for e in top if e.name in names) / 1e6
+            prof = cProfile.Profile()
+            t0 = time.perf_counter()
+            prof.enable()
+            sampler(model, envs, tok, gen, cfg.temperature, cfg.max_call_tokens)
+            prof.disable()
+            wall = time.perf_counter() - t0
+        row = {"wall": wall, **{g: 0.0 for g in OP_GROUPS}}
+        for fn, stat in pstats.Stats(prof).stats.items():
+            group = op_group(fn)
+            if group:
+                row[group] += stat[2]   # own time
+        row["ops"] = sum(row[g] for g in OP_GROUPS)
         out[name] = row
     return out
 
 
 def format_op_shares(shares: dict, threads: int) -> str:
-    lines = [f"where each sampler's time goes (torch.profiler, one batch of the same episodes, {threads} thread(s); "
-             "the profiler's own overhead inflates the walls)"]
+    lines = [f"where each sampler's time goes (cProfile, one batch of the same episodes, {threads} thread(s); the "
+             "profiler's own overhead inflates the walls)"]
     for name, r in shares.items():
         parts = "  ".join(f"{g} {r[g]:.3f} s ({r[g] / r['wall']:.0%})" for g in OP_GROUPS)
-        other = r["ops"] - sum(r[g] for g in OP_GROUPS)
-        lines.append(f"  {name:15s} wall {r['wall']:.3f} s: {parts}  other torch ops {other:.3f} s  "
-                     f"Python and the gym {r['wall'] - r['ops']:.3f} s")
+        lines.append(f"  {name:15s} wall {r['wall']:.3f} s: {parts}  Python and the gym {r['wall'] - r['ops']:.3f} s")
     return "\n".join(lines)
 
 

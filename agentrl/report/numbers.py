@@ -12,6 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+from agentrl.core import files
+from agentrl.core.knobs import UserError
+
+MAX_REPORT_BYTES = 256 * files.MiB   # the largest committed report is a few MiB
+
+
+class ReportError(UserError):
+    """A report that cannot be read as JSON: one line naming the file (exit 2)."""
+
+
 SKIP_KEYS = {"provenance", "seconds", "wall_seconds", "total_seconds", "mlflow_run_id", "fingerprint", "runs_ids"}
 
 
@@ -28,9 +38,21 @@ def _flat(node, prefix=""):
         yield prefix, node
 
 
+def read_report(path: Path | str):
+    """One report's JSON: a regular file within MAX_REPORT_BYTES, UTF-8, valid JSON, or one line naming the file."""
+    try:
+        return json.loads(files.read_text(path, MAX_REPORT_BYTES, "a report"))
+    except files.InputFileError as exc:
+        raise ReportError(str(exc)) from None
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({str(exc).splitlines()[0][:120]})") from None
+
+
 def numbers(path: Path) -> dict:
     """{dotted.path: value} of one JSON file's numbers, booleans and nulls."""
-    return dict(_flat(json.loads(Path(path).read_text())))
+    return dict(_flat(read_report(path)))
 
 
 def snapshot(reports_dir: Path | str) -> dict:

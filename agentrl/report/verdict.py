@@ -10,10 +10,11 @@ the expected fault matrix, every failure of the catalogue shows its signature.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.report.numbers import snapshot
+from agentrl.report.numbers import ReportError, read_report, snapshot
 
 
 class CompareError(ValueError):
@@ -22,12 +23,16 @@ class CompareError(ValueError):
 
 def _load(tree: Path, name: str) -> dict:
     path = tree / name
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return {}
-    except (OSError, ValueError) as exc:
-        raise CompareError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    try:
+        return read_report(path)
+    except ReportError as exc:
+        raise CompareError(str(exc)) from None
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and v != v
 
 
 def _get(data: dict, dotted: str):
@@ -80,6 +85,8 @@ def _value(tree_data: dict, h: Headline, path: str | None):
 def _sign(lo, hi) -> str:
     if lo is None or hi is None:
         return "?"
+    if _nan(lo) or _nan(hi):
+        return "NaN"   # no interval: never read as one that includes 0
     return "> 0" if lo > 0 else "< 0" if hi < 0 else "includes 0"
 
 
@@ -106,7 +113,10 @@ def compare_trees(a: Path | str, b: Path | str) -> dict:
     for tree in (a, b):
         if not tree.is_dir():
             raise CompareError(f"{tree}: not a directory of reports")
-    sa, sb = snapshot(a), snapshot(b)
+    try:
+        sa, sb = snapshot(a), snapshot(b)
+    except ReportError as exc:
+        raise CompareError(str(exc)) from None
     differ, only_a, only_b, total = {}, 0, 0, 0
     for file in sorted(set(sa) | set(sb)):
         fa, fb = sa.get(file, {}), sb.get(file, {})
@@ -124,6 +134,8 @@ def compare_trees(a: Path | str, b: Path | str) -> dict:
         lo, hi, sd = _value(da, h, h.lo), _value(da, h, h.hi), _value(da, h, h.sd)
         if va == vb:
             inside = "same"
+        elif _nan(va) or _nan(vb) or _nan(lo) or _nan(hi):
+            inside = "NaN"
         elif not isinstance(vb, (int, float)) or isinstance(vb, bool):
             inside = "missing" if vb is None else "?"
         elif lo is not None and hi is not None:
@@ -140,7 +152,20 @@ def compare_trees(a: Path | str, b: Path | str) -> dict:
             "headlines": rows, "conclusions": ca, "changed_conclusions": changed}
 
 
+def strict(node):
+    """JSON's own values only: NaN and the infinities become the strings "NaN", "Infinity", "-Infinity"."""
+    if isinstance(node, dict):
+        return {k: strict(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [strict(v) for v in node]
+    if isinstance(node, float) and not math.isfinite(node):
+        return "NaN" if node != node else ("Infinity" if node > 0 else "-Infinity")
+    return node
+
+
 def _fmt(v) -> str:
+    if _nan(v):
+        return "NaN"
     if isinstance(v, float):
         return f"{v:.4g}"
     return "-" if v is None else str(v)
@@ -188,5 +213,5 @@ def main(a: str, b: str, as_json: bool = False) -> int:
     except CompareError as exc:
         print(f"error: compare-reports: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(res, indent=2, default=str) if as_json else format_comparison(res))
+    print(json.dumps(strict(res), indent=2, default=str, allow_nan=False) if as_json else format_comparison(res))
     return 1 if res["changed_conclusions"] else 0

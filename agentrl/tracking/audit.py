@@ -56,7 +56,9 @@ def extract(data: Any, dotted: str, label: str = "") -> Any:
     while i < len(parts):
         where = ".".join(done) or "<top level>"
         if isinstance(node, list):
-            try:
+            try:   # an index is ASCII digits only: int() would also read "0_1", " 1" and other scripts' digits
+                if not (parts[i].isascii() and parts[i].isdigit()):
+                    raise ValueError(parts[i])
                 node = node[int(parts[i])]
             except (ValueError, IndexError):
                 raise AuditError(f"{label}: no index '{parts[i]}' at '{where}' (path '{dotted}'); "

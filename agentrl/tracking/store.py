@@ -105,9 +105,42 @@ def tracking_uri(root: Path | str | None = None) -> str:
     if uri.startswith("file:"):
         return uri if uri.startswith("file:///") or uri.startswith("file://localhost/") else \
             (root / uri[len("file:"):]).resolve().as_uri()
-    if "://" not in uri:  # a bare path means a local file store
-        return (root / uri).resolve().as_uri()
+    if "://" not in uri and uri.split(":", 1)[0] not in ("databricks", "databricks-uc", "uc"):
+        return (root / uri).resolve().as_uri()   # a bare path means a local file store
     return uri
+
+
+# database stores SQLAlchemy serves through a driver of their own (the driver's module, by SQLAlchemy's name for it)
+DB_DRIVERS = {"postgresql": {"psycopg2": "psycopg2", "psycopg": "psycopg", "pg8000": "pg8000"},
+              "mysql": {"mysqldb": "MySQLdb", "pymysql": "pymysql", "mysqlconnector": "mysql.connector"},
+              "mssql": {"pyodbc": "pyodbc", "pymssql": "pymssql"}}
+DEFAULT_DRIVER = {"postgresql": "psycopg2", "mysql": "mysqldb", "mssql": "pyodbc"}
+SUPPORTED = "sqlite:///PATH, http(s)://HOST[:PORT]"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def scheme_problem(uri: str) -> str | None:
+    """Why this install cannot serve the URI's scheme (a database driver it lacks, or a scheme it has no store
+    for), or None."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else uri.split(":", 1)[0]
+    base, _, driver = scheme.lower().partition("+")
+    if base in ("sqlite", "http", "https", "file"):
+        return None
+    if base in DB_DRIVERS:
+        driver = driver or DEFAULT_DRIVER[base]
+        module = DB_DRIVERS[base].get(driver)
+        if module is not None and _installed(module):
+            return None
+        return (f"the {scheme} scheme needs the {module or driver} driver, which this install lacks (pip install "
+                f"it into .venv to use that database)")
+    return f"this install has no store for the {scheme!r} scheme"
 
 
 PROXIED = "mlflow-artifacts:/"
@@ -173,6 +206,9 @@ def _locked(exc: BaseException) -> bool:
 def probe(uri: str, timeout: float = PROBE_TIMEOUT, write: bool = True) -> None:
     """Raise StoreError (one line naming the URI) unless the store answers (see the module doc); `write=False` for a
     reader (audit), which needs neither a writable disk nor the write lock."""
+    problem = scheme_problem(uri)
+    if problem:
+        raise StoreError(f"MLflow tracking store {uri}: {problem}; supported here: {SUPPORTED}")
     if uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
         raise StoreError(f"MLflow tracking store {uri}: MLflow 3 refuses the file store (maintenance mode); use a "
                          "database, e.g. MLFLOW_TRACKING_URI=sqlite:///mlflow.db (`mlflow migrate-filestore` moves "
