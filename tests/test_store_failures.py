@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.tracking import store
+from agentrl.tracking import schemes, store
 from agentrl.tracking.store import StoreError, probe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_a_file_uri_is_refused_in_one_line_naming_the_way_out(monkeypatch):
                                         ("mssql://u@localhost/db", "pyodbc"), ("databricks", "no store for"),
                                         ("redis://localhost", "no store for")])
 def test_a_scheme_this_install_cannot_serve_is_one_line_naming_what_is_supported(uri, needs, monkeypatch):
-    monkeypatch.setattr(store, "_installed", lambda module: False)   # whatever the machine has installed
+    monkeypatch.setattr(schemes, "_installed", lambda module: False)   # whatever the machine has installed
     with pytest.raises(StoreError) as err:
         probe(uri)
     text = str(err.value)
@@ -43,9 +43,9 @@ def test_a_scheme_this_install_cannot_serve_is_one_line_naming_what_is_supported
 
 
 def test_a_database_whose_driver_is_installed_passes_the_scheme_check(monkeypatch):
-    monkeypatch.setattr(store, "_installed", lambda module: module == "psycopg2")
-    assert store.scheme_problem("postgresql://u@h/db") is None and store.scheme_problem("sqlite:///x.db") is None
-    assert "psycopg" in store.scheme_problem("postgresql+psycopg://u@h/db")
+    monkeypatch.setattr(schemes, "_installed", lambda module: module == "psycopg2")
+    assert schemes.scheme_problem("postgresql://u@h/db") is None and schemes.scheme_problem("sqlite:///x.db") is None
+    assert "psycopg" in schemes.scheme_problem("postgresql+psycopg://u@h/db")
 
 
 def test_a_locked_store_is_named_as_locked_after_a_bounded_wait(tmp_path, store_template, monkeypatch):

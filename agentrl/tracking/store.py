@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from agentrl.tracking.provenance import ProvenanceError, project_root
+from agentrl.tracking.schemes import SUPPORTED, scheme_problem
 
 try:  # serialises first-time store creation (POSIX); without it a concurrent creation can fail (ensure_store)
     import fcntl
@@ -110,37 +111,6 @@ def tracking_uri(root: Path | str | None = None) -> str:
     return uri
 
 
-# database stores SQLAlchemy serves through a driver of their own (the driver's module, by SQLAlchemy's name for it)
-DB_DRIVERS = {"postgresql": {"psycopg2": "psycopg2", "psycopg": "psycopg", "pg8000": "pg8000"},
-              "mysql": {"mysqldb": "MySQLdb", "pymysql": "pymysql", "mysqlconnector": "mysql.connector"},
-              "mssql": {"pyodbc": "pyodbc", "pymssql": "pymssql"}}
-DEFAULT_DRIVER = {"postgresql": "psycopg2", "mysql": "mysqldb", "mssql": "pyodbc"}
-SUPPORTED = "sqlite:///PATH, http(s)://HOST[:PORT]"
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def scheme_problem(uri: str) -> str | None:
-    """Why this install cannot serve the URI's scheme (a database driver it lacks, or a scheme it has no store
-    for), or None."""
-    scheme = uri.split("://", 1)[0] if "://" in uri else uri.split(":", 1)[0]
-    base, _, driver = scheme.lower().partition("+")
-    if base in ("sqlite", "http", "https", "file"):
-        return None
-    if base in DB_DRIVERS:
-        driver = driver or DEFAULT_DRIVER[base]
-        module = DB_DRIVERS[base].get(driver)
-        if module is not None and _installed(module):
-            return None
-        return (f"the {scheme} scheme needs the {module or driver} driver, which this install lacks (pip install "
-                f"it into .venv to use that database)")
-    return f"this install has no store for the {scheme!r} scheme"
 
 
 PROXIED = "mlflow-artifacts:/"
