@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -28,10 +29,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _int_at_least(lo: int):
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if not re.fullmatch(r"-?[0-9]{1,20}", text):   # int() would also take " 7\t", "1_0" and "٣"
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo} (digits 0-9), got {ascii(text)[:80]}")
+        value = int(text)
         if value < lo:
             raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {value}")
         return value
@@ -101,15 +101,14 @@ def _model_path(args) -> str | None:
 
 def numerics_mode(args) -> str:
     """--numerics, else params.yaml's run.numerics when the file says, else portable (the param's default)."""
-    import yaml
-
+    from agentrl.core.config import ParamsError, read_params_file
     from agentrl.core.numerics import check_mode
     if getattr(args, "numerics", None):
         return args.numerics
     try:
-        run = (yaml.safe_load(Path("params.yaml").read_text()) or {}).get("run") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
-        run = {}
+        run = read_params_file("params.yaml").get("run") or {} if Path("params.yaml").exists() else {}
+    except ParamsError as exc:
+        raise ParamsError(f"{exc} (the params file decides this verb's numerics; or pass --numerics)") from None
     return check_mode(run.get("numerics", "portable") if isinstance(run, dict) else "portable")
 
 

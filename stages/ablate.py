@@ -1,6 +1,5 @@
 """Stage ablate@<arm>-<seed>: one seeded ablation arm, then every held-out task evaluated with a generator that
 depends on the seed only (so arms with the same seed share the evaluation stream)."""
-import argparse
 
 from agentrl.backends.registry import load_checkpoint, save_checkpoint
 from agentrl.core.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
@@ -8,7 +7,7 @@ from agentrl.core.config import STARTS, UserError, read_params_file
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
 from agentrl.eval.ablation import arm_config, run_instance
-from agentrl.pipeline.instances import ablation_instance
+from agentrl.pipeline.instances import StageArguments, ablation_instance, seed_arg
 from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
 
@@ -53,8 +52,8 @@ def main(arm: str | None = None, seed: int | None = None):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+    p = StageArguments(prog="ablate")
     p.add_argument("--arm")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=seed_arg)
     a = p.parse_args()
     entry("ablate", main, a.arm, a.seed)

@@ -2,11 +2,10 @@
 (lab.runs is empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly.
 Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed). A lab
 whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
-import argparse
 
 from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
 from agentrl.core.config import LAB_CONFIGS, UserError, read_params_file
-from agentrl.pipeline.instances import matrix_instance
+from agentrl.pipeline.instances import StageArguments, matrix_instance
 from agentrl.pipeline.stage import entry, run_stage
 
 SECTIONS = ["rl", "lab"]
@@ -61,6 +60,6 @@ def main(name: str | None = None):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+    p = StageArguments(prog="lab")
     p.add_argument("--lab")
     entry("lab", main, p.parse_args().lab)

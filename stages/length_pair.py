@@ -1,14 +1,13 @@
 """Stage length_pair@<seed>: the length-bias pair (seq_mean_token_mean vs its token_mean twin) at one more seed,
 training only, from the length start. A study outside the default pipeline (length.seeds is empty by default):
 `dvc exp run -S 'length.seeds=[1,2,3]'` adds instances, `python -m agentrl study length-bias` summarizes them."""
-import argparse
 
 from agentrl.backends.registry import load_checkpoint
 from agentrl.core.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, bundle_dir, policy_path, write_json
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
 from agentrl.faults.length import length_pair_row
-from agentrl.pipeline.instances import length_pair_instance
+from agentrl.pipeline.instances import StageArguments, length_pair_instance, seed_arg
 from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
 
@@ -36,6 +35,6 @@ def main(seed: int | None = None):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--seed", type=int)
+    p = StageArguments(prog="length_pair")
+    p.add_argument("--seed", type=seed_arg)
     entry("length_pair", main, p.parse_args().seed)

@@ -5,13 +5,12 @@ honest name). Outside the default pipeline (pretrained.models is empty by defaul
 `dvc exp run -S 'pretrained.models=[smollm2-135m-instruct]'`, or `python -m stages.pretrained --model
 smollm2-135m-instruct` directly. Its input is what `make install` fetched, checked against the pins before any
 compute; nothing is downloaded here."""
-import argparse
 import resource
 import time
 
 from agentrl.backends.pretrained import check_gguf, pinned
 from agentrl.core.config import PRETRAINED, UserError, load_section, read_params_file
-from agentrl.pipeline.instances import matrix_instance
+from agentrl.pipeline.instances import StageArguments, matrix_instance
 from agentrl.pipeline.stage import entry, run_stage
 
 SECTIONS = ["pretrained"]
@@ -49,6 +48,6 @@ def main(name: str | None = None):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+    p = StageArguments(prog="pretrained")
     p.add_argument("--model")
     entry("pretrained", main, p.parse_args().model)

@@ -194,3 +194,43 @@ def test_replay_of_a_file_that_is_not_a_bundle_is_one_line(capsys):
     assert cli.main(["replay", str(REPO / "README.md")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: replay {REPO / 'README.md'}: not a replay bundle (UnpicklingError)")
+
+
+EARLY = """
+import sys, time
+sys.path.insert(0, REPO)
+from agentrl.core import boundary
+boundary.end_quietly_on_signals("probe")
+print("importing", flush=True)
+time.sleep(60)   # a stage script importing torch
+"""
+
+
+@pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted (SIGINT)"),
+                                             (signal.SIGHUP, 129, "terminated (SIGHUP: the terminal closed)"),
+                                             (signal.SIGQUIT, 131, "terminated (SIGQUIT)")])
+def test_a_signal_between_the_early_check_and_the_stage_is_one_line_and_its_code(tmp_path, sig, code, reason):
+    """Between stages/__init__.py's check and run_stage (the stage module importing torch) Python's defaults would
+    print a KeyboardInterrupt traceback or end without a word."""
+    p = subprocess.Popen([sys.executable, "-c", EARLY.replace("REPO", repr(str(REPO)))], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "importing"
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == code and err.splitlines() == [
+        f"error: probe: {reason} before it started; nothing was written"], (p.returncode, err)
+
+
+def test_the_early_handlers_stand_down_once_a_boundary_has_run(capsys):
+    """A late signal after the stage's own boundary returned (its handlers restored to the early ones) leaves the
+    decided exit code alone."""
+    before = {sig: signal.getsignal(sig) for sig in boundary.SIGNALS}
+    try:
+        boundary.end_quietly_on_signals("probe")
+        assert boundary.guard("probe", lambda: 0) == 0
+        signal.raise_signal(signal.SIGHUP)   # the early handler, restored by guard: must return, not exit
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err == ""

@@ -120,3 +120,26 @@ def test_a_second_writer_waits_then_names_the_holder(tmp_path):
         holder.wait()
     with lock.stage_lock("train", tmp_path, wait=0):   # the kernel released the killed holder's lock
         pass
+
+
+def test_an_input_that_is_a_symlink_to_a_device_is_named_as_the_input(tmp_path, monkeypatch):
+    """The line names the input the stage reads (its path in the project), not where a symlink points."""
+    from agentrl.tracking.provenance import build_provenance
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "base.pt").symlink_to("/dev/zero")
+    with pytest.raises(files.InputFileError) as err:
+        build_provenance("probe", {}, ["data/base.pt"], threads=None, root=tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'data' / 'base.pt'}: an input is a character device")
+
+
+def test_audit_reads_a_provenance_record_bounded(tmp_path):
+    """A provenance record replaced by /dev/zero once made audit read until memory ran out."""
+    from agentrl.tracking import lineage
+    from agentrl.tracking.run import record_path
+    path = record_path("probe", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/zero")
+    started = time.monotonic()
+    assert lineage._record("probe", tmp_path) == {}
+    assert time.monotonic() - started < 5

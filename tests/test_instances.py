@@ -2,13 +2,14 @@
 generates; a name that matches none, or params with an unsafe arm name or seed, is one line."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 import yaml
 
 from agentrl.core.config import UserError
-from agentrl.pipeline.instances import ablation_instance, length_pair_instance
+from agentrl.pipeline.instances import StageArguments, ablation_instance, length_pair_instance, seed_arg
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,3 +50,25 @@ def test_unsafe_names_and_seeds_are_refused_before_matching(params, monkeypatch,
     monkeypatch.setenv("DVC_STAGE", "ablate@default-0")
     with pytest.raises(UserError, match=fragment):
         ablation_instance(None, None, params("ablate", arms=arms, seeds=seeds))
+
+
+@pytest.mark.parametrize("text", ["7", "0", "18446744073709551615"])
+def test_a_seed_flag_of_digits_is_its_integer(text):
+    assert seed_arg(text) == int(text)
+
+
+@pytest.mark.parametrize("text", ["\t0", "0\n", " 7", "1_0", "\u0663", "+1", "-1", "0x1", "18446744073709551616", ""])
+def test_a_seed_flag_is_digits_whole(text):
+    """int() takes surrounding whitespace, underscores and other scripts' digits: `--seed $'\\t0'` ran seed 0."""
+    with pytest.raises(argparse.ArgumentTypeError, match="digits 0-9"):
+        seed_arg(text)
+
+
+def test_a_bad_stage_flag_is_one_line_and_exit_2(capsys):
+    parser = StageArguments(prog="length_pair")
+    parser.add_argument("--seed", type=seed_arg)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--seed", "\x01"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: length_pair: argument --seed: expected a seed: digits 0-9, in [0, 18446744073709551615], got '\\x01'"]

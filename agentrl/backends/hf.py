@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from agentrl.backends.base import BackendSpec
 from agentrl.backends.registry import BACKENDS
+from agentrl.core import files
 from agentrl.core.artifacts import CheckpointError
 from agentrl.core.config import ConfigError
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
@@ -61,7 +62,7 @@ def check_model_dir(path, field: str) -> Path:
         raise ConfigError(f"{field}: {path} is not a directory; expected {expected}")
     config = path / "config.json"
     try:
-        model_type = json.loads(config.read_text()).get("model_type")
+        model_type = json.loads(files.read_text(config, files.MAX_RECORD_BYTES, "a model config")).get("model_type")
     except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         raise ConfigError(f"{field}: {config} is missing or not a JSON model config") from None
     if model_type not in ARCHITECTURES:
@@ -246,7 +247,8 @@ def load_model(path, field: str = "model") -> HFPolicy:
     read are a one-line CheckpointError naming the file."""
     path = check_model_dir(path, field)
     tf = transformers()
-    model_type = json.loads((path / "config.json").read_text())["model_type"]
+    config = files.read_text(path / "config.json", files.MAX_RECORD_BYTES, "a model config")
+    model_type = json.loads(config)["model_type"]
     try:
         lm = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except Exception as exc:   # safetensors, torch and transformers each raise their own kinds for a bad file
@@ -349,8 +351,8 @@ def honest_name(model_dir) -> str:
     if name is not None:
         return name
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
+        config = json.loads(files.read_text(path / "config.json", files.MAX_RECORD_BYTES, "a model config"))
+    except (OSError, ValueError, files.InputFileError):
         return str(path)
     return f"a {config.get('model_type', '?')} model ({config.get('num_hidden_layers', '?')} layers, hidden " \
            f"{config.get('hidden_size', '?')}) at {path}"

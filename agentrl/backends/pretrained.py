@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from agentrl.core import files
 from agentrl.core.artifacts import temporary_name
 from agentrl.core.knobs import UserError
 
@@ -208,8 +209,8 @@ def convert(pin: Pinned, gguf: Path | str, out: Path | str) -> dict:
 def source(path: Path | str) -> dict | None:
     """The agentrl_source.json of a converted directory, or None if it has none (a user's own model)."""
     try:
-        record = json.loads((Path(path) / SOURCE_FILE).read_text())
-    except (OSError, ValueError):
+        record = json.loads(files.read_text(Path(path) / SOURCE_FILE, files.MAX_RECORD_BYTES, "a source record"))
+    except (OSError, ValueError, files.InputFileError):
         return None
     return record if isinstance(record, dict) else None
 

@@ -102,6 +102,35 @@ def compare_sampling(model, chat, rows: int, new_tokens: int, repeats: int) -> d
             "speedup": med["generate"] / med["backend"]}
 
 
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_kib() -> int:
+    """The resident set now (KiB), after resetting the process's peak to it (Linux: /proc/self/clear_refs "5"),
+    so that peak_kib() measures from here rather than from the model's load. Without /proc: the lifetime peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        now = _status_kib("VmRSS")
+        if now is not None:
+            return now
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_kib() -> int:
+    """The resident set's peak (KiB) since reset_peak_kib()."""
+    hwm = _status_kib("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def update_memory(model, chat, variant: str, rows: int) -> dict:
     """Peak resident set of one forward and backward of the token-mean policy loss on `rows` expert demonstrations,
     above the resident set before it: the LM head on policy positions ("policy") or full logits ("full")."""
@@ -115,7 +144,7 @@ def update_memory(model, chat, variant: str, rows: int) -> dict:
     tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
     batch = collate([expert_demo(factory(tasks[i % len(tasks)], gen), chat) for i in range(rows)], chat.pad_id)
     ids, mask = batch["ids"], batch["action_mask"]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB; the peak so far (model, batch)
+    before = reset_peak_kib()   # loading a model can peak above what its update needs: the peak starts here
     t0 = time.perf_counter()
     if variant == "policy":
         logp, _ = model.log_probs(ids, mask > 0)
@@ -125,7 +154,7 @@ def update_memory(model, chat, variant: str, rows: int) -> dict:
     loss = -(logp * mask).sum() / mask.sum()
     loss.backward()
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_kib()
     return {"variant": variant, "rows": rows, "width": int(ids.shape[1]), "policy_tokens": int(mask.sum()),
             "peak_above_mib": (peak - before) / 1024, "peak_mib": peak / 1024, "seconds": seconds}
 
@@ -188,7 +217,7 @@ def update_throughput(model, chat, rows: int, repeats: int = 3) -> dict:
 
 
 def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int) -> dict:
-    """update_memory in a fresh process (ru_maxrss is a process's lifetime peak)."""
+    """update_memory in a fresh process (each variant's peak measured alone)."""
     cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows), str(threads),
            model_dir or ""]
     out = subprocess.run(cmd, capture_output=True, text=True)

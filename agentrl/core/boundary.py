@@ -42,7 +42,7 @@ _OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
               errno.EDQUOT: "free space (disk quota) and run again",
               errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
               errno.EACCES: "check the permissions of that path", errno.EPERM: "check the permissions of that path"}
-_state = {"finished": False, "signalled": False}
+_state = {"finished": False, "signalled": False, "guarded": False}
 
 
 class Terminated(BaseException):
@@ -129,6 +129,24 @@ def signals_as_exceptions():
             signal.signal(sig, handler)
 
 
+def end_quietly_on_signals(name: str) -> None:
+    """Until the next `guard` takes over: an ending signal prints the boundary's one line and exits with its code at
+    once. For the span between an entry point's early check and its own boundary (a stage script importing torch,
+    seconds), where nothing has been written and no run is open, and where Python's defaults would print a
+    KeyboardInterrupt traceback (SIGINT) or end silently (SIGTERM, SIGHUP, SIGQUIT)."""
+    def ended(signum, frame):
+        if _state["guarded"]:   # restored by a boundary that has finished: the outcome is decided, the exit near
+            return
+        line = describe(KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum), name)[1]
+        with contextlib.suppress(OSError, ValueError):
+            os.write(2, f"error: {line} before it started; nothing was written\n".encode())
+        os._exit(128 + signum)
+    _state["guarded"] = False
+    with contextlib.suppress(ValueError):   # not the main thread: the caller's handlers stay
+        for sig in SIGNALS:
+            signal.signal(sig, ended)
+
+
 @contextlib.contextmanager
 def signals_blocked():
     """Hold the ending signals back while a status is recorded (so the record is never half-written); a signal
@@ -152,7 +170,7 @@ def mark_finished() -> None:
 def guard(name: str, fn, *args, **kwargs) -> int:
     """Run fn(*args, **kwargs) inside the boundary; return its exit code (None is 0) after printing the one line a
     failure deserves (see the module doc)."""
-    _state.update(finished=False, signalled=False)
+    _state.update(finished=False, signalled=False, guarded=True)
     if not faulthandler.is_enabled():
         with contextlib.suppress(OSError, ValueError, AttributeError, RuntimeError):
             faulthandler.enable(all_threads=False)

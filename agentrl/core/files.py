@@ -15,6 +15,8 @@ from agentrl.core.knobs import UserError
 MiB = 1 << 20
 # the default bound of an input: the largest the pipeline writes is a converted pretrained model (~540 MB)
 MAX_INPUT_BYTES = 4096 * MiB
+MAX_TEXT_BYTES = 64 * MiB      # dvc.yaml, dvc.lock (a few hundred KB)
+MAX_RECORD_BYTES = 16 * MiB    # a JSON record the project writes: provenance, resume, a model's config
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 

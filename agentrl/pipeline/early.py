@@ -15,7 +15,7 @@ import ast
 import sys
 from pathlib import Path
 
-from agentrl.core.boundary import guard
+from agentrl.core.boundary import end_quietly_on_signals, guard
 from agentrl.core.config import SECTIONS, load_params, read_params_file
 from agentrl.core.numerics import NUMERICS_MODES, pin, running_stage, stage_mode
 
@@ -68,3 +68,4 @@ def check_stage(path: str = "params.yaml") -> None:
     code = guard(stage if instance is None else f"{stage}@{instance}", _check, stage, instance, path)
     if code:
         sys.exit(code)
+    end_quietly_on_signals(stage if instance is None else f"{stage}@{instance}")   # while the stage imports torch

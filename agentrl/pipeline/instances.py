@@ -8,11 +8,31 @@ generate; the name itself is never parsed into a value. Outside DVC, the stage's
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import sys
 
 from agentrl.core.config import ARM_NAME, SEED_MAX, UserError, read_params_file
 
 DVC_STAGE = "DVC_STAGE"
+DIGITS = re.compile(r"[0-9]{1,20}")   # int() would also take " 7\t", "1_0" and "٣"
+
+
+def seed_arg(text: str) -> int:
+    """A seed flag's value: ASCII digits, whole, in [0, SEED_MAX]."""
+    if not DIGITS.fullmatch(text) or int(text) > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed: digits 0-9, in [0, {SEED_MAX}], got {ascii(text)[:80]}")
+    return int(text)
+
+
+class StageArguments(argparse.ArgumentParser):
+    """A stage script's flags; a bad one is the boundary's one line and exit 2 (argparse would print its usage
+    first)."""
+
+    def error(self, message: str):
+        print(f"error: {self.prog.removesuffix('.py')}: {message[:300]}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _text(value) -> str:

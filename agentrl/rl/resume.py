@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from agentrl.backends.registry import read_checkpoint, save_checkpoint
+from agentrl.core import files
 from agentrl.core.artifacts import (
     CHECKPOINT_DIR,
     DATA,
@@ -74,8 +75,8 @@ def _unshared(obj):
 def read_resume(key: str) -> dict:
     """The resume record if it belongs to configuration `key` ({'seconds': wall time so far, 'runs': MLflow runs})."""
     try:
-        rec = json.loads(RESUME_FILE.read_text())
-    except (OSError, ValueError):
+        rec = json.loads(files.read_text(RESUME_FILE, files.MAX_RECORD_BYTES, "the resume record"))
+    except (OSError, ValueError, files.InputFileError):   # a damaged record resumes nothing
         return {}
     return rec if isinstance(rec, dict) and rec.get("key") == key else {}
 

@@ -19,6 +19,8 @@ import ast
 import re
 from pathlib import Path
 
+from agentrl.core import files
+
 CODE_SUFFIXES = (".py", ".cpp", ".h")   # what a stage's deps hold as code (the rest are inputs)
 
 
@@ -118,7 +120,7 @@ def rewrite_dvc_yaml(root: Path | str = ".") -> list[str]:
     """Replace the code entries (is_code) of each stage's deps in dvc.yaml with its code closure; returns changed
     stages."""
     root = Path(root)
-    text = (root / "dvc.yaml").read_text()
+    text = files.read_text(root / "dvc.yaml", files.MAX_TEXT_BYTES, "dvc.yaml")
     changed = []
     out, stage, in_deps = [], None, False
     for line in text.splitlines():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agentrl.core import files
 from agentrl.tracking.closure import is_code
 from agentrl.tracking.provenance import _git
 
@@ -67,8 +68,8 @@ def _record(stage: str, root: Path) -> dict:
     from agentrl.tracking.run import record_path
     path = record_path(stage, root)
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = json.loads(files.read_text(path, files.MAX_RECORD_BYTES, "a provenance record"))
+    except (OSError, ValueError, files.InputFileError):
         return {}
     return record if isinstance(record, dict) else {}   # a damaged record says nothing, it does not crash audit
 
@@ -77,7 +78,8 @@ def lineage(stage: str, root: Path) -> dict:
     """{"stages": [{stage, params, changed, threads, machine, verdict, why}], "baseline": what it compares to}.
     `changed` maps a param whose value differs from the committed dvc.lock to that committed value; a stage the
     commit has no lock entry for is marked new."""
-    stages = lock_stages((root / "dvc.lock").read_text() if (root / "dvc.lock").is_file() else None)
+    lock = root / "dvc.lock"
+    stages = lock_stages(files.read_text(lock, files.MAX_TEXT_BYTES, "dvc.lock") if lock.exists() else None)
     committed = lock_stages(_git(["show", "HEAD:dvc.lock"], root))
     out = []
     for name in [stage] + upstream(stage, stages):

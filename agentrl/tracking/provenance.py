@@ -95,8 +95,8 @@ def stage_definition(stage: str, root: Path | str | None = None) -> dict:
     root = Path(root) if root is not None else work_root()
     path = root / "dvc.yaml"
     try:
-        stages = yaml.safe_load(path.read_text())["stages"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        stages = yaml.safe_load(files.read_text(path, files.MAX_TEXT_BYTES, "dvc.yaml"))["stages"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, files.InputFileError) as exc:
         raise ProvenanceError(f"{path}: cannot read the stage graph ({type(exc).__name__})") from None
     name = stage.split("@", 1)[0]
     if name not in stages:
@@ -257,7 +257,8 @@ def build_provenance(stage: str, params: Mapping, inputs: Iterable[str | Path] =
     hashes = {}
     for item in inputs:
         path = Path(item)
-        path = (path if path.is_absolute() else Path.cwd() / path).resolve()
+        path = path if path.is_absolute() else Path.cwd() / path
+        path = path.parent.resolve() / path.name   # the input as named: a symlink's target is what is hashed
         hashes[_relative(path, root)] = file_hash(path)
     files = stage_code_files(stage, root)
     record = {"stage": stage, "params": dict(sorted(flat.items())), "threads": threads, "versions": versions(),

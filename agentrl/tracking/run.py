@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from agentrl.core import files
 from agentrl.core.artifacts import StageError, temporary_name
 from agentrl.core.boundary import Terminated, describe, mark_finished, signals_as_exceptions, signals_blocked
 from agentrl.tracking.provenance import (
@@ -213,8 +214,8 @@ def write_index(directory: Path) -> None:
     rows = []
     for path in sorted(directory.glob("*.json")):
         try:
-            r = json.loads(path.read_text())
-        except (OSError, ValueError):
+            r = json.loads(files.read_text(path, files.MAX_RECORD_BYTES, "a provenance record"))
+        except (OSError, ValueError, files.InputFileError):
             continue
         rows.append(r)
     total = sum(r.get("this_run_seconds", 0.0) for r in rows)
@@ -381,7 +382,7 @@ def replay_run(directory: Path | str, tags: Mapping | None = None, root: Path | 
     and, for a finished run, write its provenance record where the stage itself would have (the driver's commit and
     the new run id filled in). Returns the run id."""
     directory, root = Path(directory), Path(root).resolve() if root is not None else project_root()
-    kept = json.loads((directory / "run.json").read_text())
+    kept = json.loads(files.read_text(directory / "run.json", files.MAX_RECORD_BYTES, "a kept run"))
     uri = tracking_uri(root)
     probe(uri)
     client = _client(uri)
@@ -402,7 +403,8 @@ def replay_run(directory: Path | str, tags: Mapping | None = None, root: Path | 
         _retry(client.log_batch, run_id, metrics=chunk)
     for rel, artifact_path in kept["artifacts"]:
         if artifact_path == "provenance":
-            record = json.loads((directory / "artifacts" / rel).read_text())
+            record = json.loads(files.read_text(directory / "artifacts" / rel, files.MAX_RECORD_BYTES,
+                                                "a kept provenance record"))
             record.update(git_commit=git["commit"], dirty=git["dirty"], pipeline_run=run_tags.get("pipeline_run", ""))
             record["mlflow"].update(run_id=run_id, experiment=experiment, tracking_uri=configured_uri())
             path = record_path(record["stage"], root)

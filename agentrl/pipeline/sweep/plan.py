@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.core.config import UserError
+from agentrl.core import files
+from agentrl.core.config import UserError, read_params_file
 from agentrl.pipeline.sweep.worker import CODE
 
 CODE_DIRS = tuple(name for name in CODE if "." not in name)   # deps under these arrive with the shipped code
@@ -29,8 +30,8 @@ def check_stage(stage: str, root: Path) -> dict:
     """The dvc.yaml definition of a matrix stage; one line naming what is wrong otherwise."""
     import yaml
     try:
-        stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        stages = yaml.safe_load(files.read_text(root / "dvc.yaml", files.MAX_TEXT_BYTES, "dvc.yaml"))["stages"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, files.InputFileError) as exc:
         raise SweepError(f"{root / 'dvc.yaml'}: cannot read the stage graph ({type(exc).__name__}); run sweep "
                          "from the repository root") from None
     matrices = [name for name, d in stages.items() if isinstance(d, dict) and ("matrix" in d or "foreach" in d)]
@@ -47,11 +48,10 @@ def check_stage(stage: str, root: Path) -> dict:
 
 def _threads(stage, root: Path) -> int:
     """run.threads when the instance reads it (dvc.yaml params), else 1."""
-    import yaml
     reads = [key for dep in stage.deps if type(dep).__name__ == "ParamsDependency" for key in (dep.params or [])]
     if not {"run", "run.threads"} & set(reads):
         return 1
-    params = yaml.safe_load((root / "params.yaml").read_text()) or {}
+    params = read_params_file(root / "params.yaml")
     threads = (params.get("run") or {}).get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise SweepError(f"params.yaml run.threads: expected an integer >= 1, got {threads!r}")
