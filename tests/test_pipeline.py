@@ -167,6 +167,17 @@ def test_audit_agrees_with_dvc_status(mini):
                 assert "STALE" in out.stdout and ("test.n_boot" in out.stdout or path in out.stdout), out.stdout
         finally:
             (repo / path).write_text(original)
+    record_file = repo / "reports" / "provenance" / "test.json"   # a record that is a device: said, not "missing"
+    saved = record_file.read_bytes()
+    record_file.unlink()
+    record_file.symlink_to("/dev/zero")
+    try:
+        out, _ = audit_and_status()
+        assert "provenance record reports/provenance/test.json unreadable" in out.stdout, out.stdout[-2000:]
+        assert "a character device" in out.stdout or "is a character device" in out.stdout, out.stdout[-2000:]
+    finally:
+        record_file.unlink()
+        record_file.write_bytes(saved)
 
 
 def test_audit_walks_the_lineage_after_an_experiment(mini):

@@ -222,16 +222,18 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
         params.update(values if pfile == "params.yaml" else {f"{pfile}:{k}": v for k, v in values.items()})
     changes = dvc_status(stage, root, lock)
     rec_file = record_path(stage, root)
+    unreadable = None
     try:
-        record = json.loads(files.read_text(rec_file, 16 * files.MiB)) if rec_file.is_file() else None
-    except (ValueError, UnicodeDecodeError, RecursionError):   # InputFileError is a ValueError
-        record = None   # unreadable: audited like a missing record (a warning says so)
+        record = json.loads(files.read_text(rec_file, 16 * files.MiB)) if rec_file.exists() else None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # InputFileError is a ValueError
+        record, unreadable = None, str(exc).splitlines()[0][:200]   # audited like a missing record, and said why
     if shape_problem(record, ({"mlflow": {"run_id": str}, "code_files?": list}, None)):
-        record = None
+        record, unreadable = None, unreadable or "not a provenance record's shape"
     run = fetch_run((record or {}).get("mlflow", {}).get("run_id"))
     warnings = []
     if record is None:
-        warnings.append(f"no provenance record {rec_file.relative_to(root)}")
+        warnings.append(f"provenance record {rec_file.relative_to(root)} unreadable: {unreadable}" if unreadable
+                        else f"no provenance record {rec_file.relative_to(root)}")
     elif record.get("code_files") and sorted(record["code_files"]) != sorted(code):
         warnings.append("the provenance record's code files differ from dvc.lock's (record from another dvc.yaml)")
     if not run["found"]:
