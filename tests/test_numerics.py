@@ -48,6 +48,7 @@ def clone(mode: str, **outside) -> tuple[str, str]:
 FIXED = json.loads((REPO / "tests" / "fixtures" / "fixed_kernels.json").read_text())
 
 
+@pytest.mark.slow   # 20 s: a base cloning in a child process per outside setting
 def test_mkl_and_onednn_do_not_decide_the_bits_and_this_machine_gives_the_committed_digest():
     """MKL's least and most capable branches, oneDNN's ISA and the fixed kernels' vector path, under native numerics
     with PyTorch's own kernels at AVX2: one digest, portable's, the committed one."""
