@@ -169,6 +169,7 @@ def check_config(args) -> tuple:
     preflight stage reads them (library defaults where there is no params.yaml, e.g. a bare package copy), then
     --seed, --threads, --kl-coef and --rl KEY=VALUE on top."""
     from agentrl.core.config import RLConfig, load_params
+    from agentrl.rl import variants  # noqa: F401 (the names the rl knobs take, registered)
     overrides = dict(args.rl or [])
     unknown = [k for k in overrides if k not in RLConfig.__dataclass_fields__ or k in ("seed", "kl_coef")]
     if unknown:

@@ -2,6 +2,7 @@
 depends on the seed only (so arms with the same seed share the evaluation stream)."""
 
 from agentrl.backends.registry import load_checkpoint, save_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import SPLIT, TOKENIZER, ablation_dir, bundle_dir, policy_path, write_json
 from agentrl.core.config import STARTS, UserError, read_params_file
 from agentrl.env.gym.tokenizer import load_tokenizer
@@ -12,7 +13,7 @@ from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
 
 SECTIONS = ["model", "rl", "ablate"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 # not the instance lists; of ablate.arms only the instance's own arm (dvc.yaml: ablate.arms.${item.arm})
 READS = {"run": ["threads", "numerics"], "ablate": ["steps", "eval_per_task", "arms"]}
 
@@ -35,7 +36,7 @@ def main(arm: str | None = None, seed: int | None = None):
         acfg = ctx.params["ablate"]
         tok, split = load_tokenizer(), load_split()
         cfg, start_name = arm_config(arm, ctx.params["rl"], acfg, seed)
-        model, _ = load_checkpoint("tinyagent", policy_path(start_name), tok, ctx.params["model"])
+        model, _ = load_checkpoint(TINYAGENT.name, policy_path(start_name), tok, ctx.params["model"])
         guard = BundleGuard(bundle_dir(ctx.name), cfg)
         result = run_instance(model, arm, seed, start_name, cfg, acfg, tok, split, hooks=[guard])
         out = ablation_dir(arm, seed)

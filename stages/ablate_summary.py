@@ -4,6 +4,7 @@ default arm at the main run's seed reproduces the main run's first steps exactly
 import torch
 
 from agentrl.backends.registry import read_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     ABLATE_DIR,
     CHECKPOINT_DIR,
@@ -17,14 +18,16 @@ from agentrl.core.artifacts import (
 )
 from agentrl.eval.ablation_summary import summarize
 from agentrl.pipeline.stage import run_stage
+from agentrl.rl import variants
 
 SECTIONS = ["ablate"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT, variants)   # what it uses by name (imported: its code deps hold their modules); the
+                               # variants: each arm's rl overrides are validated
 INPUTS = [ABLATE_DIR, CHECKPOINT_DIR]
 
 
 def same_weights(a_path, b_path) -> bool:
-    a, b = read_checkpoint("tinyagent", a_path)["state_dict"], read_checkpoint("tinyagent", b_path)["state_dict"]
+    a, b = read_checkpoint(TINYAGENT.name, a_path)["state_dict"], read_checkpoint(TINYAGENT.name, b_path)["state_dict"]
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -1,5 +1,6 @@
 """Stage base: the RL starting policy, behaviour-cloned from the scripted mixture on the train tasks."""
 from agentrl.backends.registry import save_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
@@ -8,7 +9,7 @@ from agentrl.pipeline.stage import run_stage
 from agentrl.starting.tinyagent import make_rl_base
 
 SECTIONS = ["model", "base"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 INPUTS = [TOKENIZER, SPLIT]
 
 

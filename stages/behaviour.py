@@ -2,6 +2,7 @@
 held-out task from one stream: behaviour statistics, top tool sequences, first edit op per task, and one decoded
 failure transcript per bug family. The report renders reports/behaviour.json; it runs no model itself."""
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     CHECKPOINT_DIR,
     COUNT,
@@ -20,7 +21,7 @@ from agentrl.eval.behaviour import what_was_learned
 from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["tasks", "model", "rl", "behaviour"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
 SELECTION_SHAPE = {"chosen": {"step": COUNT, "checkpoint": str}}   # what the stage reads of it
@@ -30,8 +31,8 @@ def body(ctx):
     bcfg = ctx.params["behaviour"]
     tok, split = load_tokenizer(), load_split()
     chosen = read_json(REPORTS / "selection.json", SELECTION_SHAPE)["chosen"]
-    start, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
-    model, _ = load_checkpoint("tinyagent", checkpoint_path(chosen["step"]), tok, ctx.params["model"])
+    start, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
+    model, _ = load_checkpoint(TINYAGENT.name, checkpoint_path(chosen["step"]), tok, ctx.params["model"])
     out = what_was_learned(start, model, split["heldout"], tok, ctx.params["rl"], bcfg.episodes_per_task,
                            bcfg.transcripts_per_family, ctx.seed, list(ctx.params["tasks"].families),
                            chosen["checkpoint"])

@@ -4,6 +4,7 @@ per failure its healthy twin, the metric that exposes it, a signature check and 
 import sys
 
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     FIGURES,
     REPORTS,
@@ -23,7 +24,7 @@ from agentrl.pipeline.stage import run_stage
 from agentrl.report.figures import fault_panel
 
 SECTIONS = ["model", "rl", "faults", "length"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), policy_path("length_start")]
 FIG_DIR = FIGURES / "faults"
@@ -31,8 +32,8 @@ FIG_DIR = FIGURES / "faults"
 
 def body(ctx):
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
-    length_start, _ = load_checkpoint("tinyagent", policy_path("length_start"), tok, ctx.params["model"])
+    base, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
+    length_start, _ = load_checkpoint(TINYAGENT.name, policy_path("length_start"), tok, ctx.params["model"])
     runs = build_catalogue(base, tok, split["train"], split["heldout"], ctx.params["rl"], ctx.params, ctx.seed,
                            length_start=length_start)
     checks = signature_checks(runs)

@@ -3,14 +3,17 @@
 Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed). A lab
 whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
 
+from agentrl.backends.hf import ENTRY as HF
 from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
 from agentrl.core.config import LAB_CONFIGS, UserError, read_params_file
+from agentrl.env.coding.spec import CODING
+from agentrl.env.gym.spec import GYM
 from agentrl.pipeline.instances import StageArguments, matrix_instance
 from agentrl.pipeline.stage import entry, run_stage
 
 SECTIONS = ["rl", "lab"]
 READS = {"lab": ["device", "eval_batch", "configs"]}   # an instance reads its own entry of lab.configs
-USES = {"backends": ["hf"], "environments": ["gym", "coding"]}   # registered entries it loads
+USES = (HF, GYM, CODING)   # the registered entries it uses (imported: its code deps hold their modules)
 
 
 def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:

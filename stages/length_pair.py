@@ -3,6 +3,7 @@ training only, from the length start. A study outside the default pipeline (leng
 `dvc exp run -S 'length.seeds=[1,2,3]'` adds instances, `python -m agentrl study length-bias` summarizes them."""
 
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import LENGTH_STUDY_DIR, SPLIT, TOKENIZER, bundle_dir, policy_path, write_json
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
@@ -12,7 +13,7 @@ from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl.guards import BundleGuard
 
 SECTIONS = ["model", "rl", "length"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"run": ["threads", "numerics"], "length": ["steps", "turns", "kl_coef", "tasks_per_step"]}
 INPUTS = [TOKENIZER, SPLIT, policy_path("length_start")]
 
@@ -23,7 +24,7 @@ def main(seed: int | None = None):
 
     def body(ctx):
         tok, split = load_tokenizer(), load_split()
-        start, _ = load_checkpoint("tinyagent", policy_path("length_start"), tok, ctx.params["model"])
+        start, _ = load_checkpoint(TINYAGENT.name, policy_path("length_start"), tok, ctx.params["model"])
         row = length_pair_row(start, tok, split["train"], ctx.params["rl"], ctx.params, seed,
                               hooks_for=lambda cfg: [BundleGuard(bundle_dir(ctx.name), cfg)])
         write_json(LENGTH_STUDY_DIR / f"seed-{seed}.json", row)

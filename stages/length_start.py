@@ -1,6 +1,7 @@
 """Stage length_start: the length-bias pair's starting policy, cloned with the RL base's recipe and seed from a
 mixture that reads, tests every repair and, after a failed test, keeps calling tools (length.p_*)."""
 from agentrl.backends.registry import save_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import SPLIT, TOKENIZER, policy_path
 from agentrl.env.gym.tokenizer import load_tokenizer
 from agentrl.env.tasks import load_split
@@ -10,7 +11,7 @@ from agentrl.pipeline.stage import run_stage
 from agentrl.starting.tinyagent import make_rl_base
 
 SECTIONS = ["model", "base", "length"]
-USES = {"backends": ["tinyagent"]}   # registered entries this stage loads (agentrl.tracking.closure)
+USES = (TINYAGENT,)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"length": ["p_read", "p_test", "p_give_up", "p_hardcode", "p_persist"]}
 INPUTS = [TOKENIZER, SPLIT]
 

@@ -5,6 +5,7 @@ fault escapes the invariant expected to catch it."""
 from dataclasses import replace
 
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     DATA,
     FIGURES,
@@ -18,8 +19,8 @@ from agentrl.core.artifacts import (
 )
 from agentrl.core.seeding import generator, stream_seed
 from agentrl.env.gym.callers import environment_check
+from agentrl.env.gym.spec import GYM
 from agentrl.env.gym.tokenizer import load_tokenizer
-from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.faults.preflight import fault_matrix
 from agentrl.pipeline.stage import run_stage
@@ -27,7 +28,7 @@ from agentrl.report.figures import check_matrix
 from agentrl.rl.rollout import sample_step
 
 SECTIONS = ["model", "rl", "preflight"]
-USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
+USES = (TINYAGENT, GYM)   # the registered entries it uses (imported: its code deps hold their modules)
 INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 GATE = DATA / "preflight" / "gate.json"
 
@@ -35,9 +36,9 @@ GATE = DATA / "preflight" / "gate.json"
 def body(ctx):
     pcfg = ctx.params["preflight"]
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
+    base, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
     cfg = replace(ctx.params["rl"], kl_coef=pcfg.kl_coef)
-    episodes = environment("gym").make(cfg)
+    episodes = GYM.make(cfg)
     batch, _ = sample_step(base, episodes, split["train"], tok, cfg, generator(ctx.seed, "preflight"))
     out = fault_matrix(base, batch, tok, cfg, pcfg.bugs)
     out["environment"] = env = environment_check(split["train"], episodes=200, seed=stream_seed(ctx.seed, "envcheck"))

@@ -5,8 +5,10 @@ from agentrl.core.config import SECTIONS as PARAM_SECTIONS
 from agentrl.pipeline.stage import run_stage
 from agentrl.report.build import build
 from agentrl.report.compute import CAPSTONE, FIG_DIR, MARKDOWN, input_paths
+from agentrl.rl import variants
 
 SECTIONS = list(PARAM_SECTIONS)   # the pinned configuration: every section (no tensor work: no thread setting)
+USES = (variants,)   # every variant a knob can name, registered: this stage validates every section
 
 
 def body(ctx):

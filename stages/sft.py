@@ -2,17 +2,18 @@
 import copy
 
 from agentrl.backends.registry import load_checkpoint, save_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import REPORTS, SPLIT, TOKENIZER, policy_path, write_json, write_metrics
 from agentrl.core.seeding import generator
+from agentrl.env.gym.spec import GYM
 from agentrl.env.gym.tokenizer import load_tokenizer
-from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import DESCRIBE_GROUP_SIZE, describe
 from agentrl.pipeline.stage import run_stage
 from agentrl.starting.tinyagent import oracle_demos, train_sft
 
 SECTIONS = ["model", "rl", "sft"]
-USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
+USES = (TINYAGENT, GYM)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"rl": ["max_turns", "max_call_tokens", "rename"]}  # the episode rules describe() samples under
 INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 
@@ -20,12 +21,12 @@ INPUTS = [TOKENIZER, SPLIT, policy_path("base")]
 def body(ctx):
     cfg, rl = ctx.params["sft"], ctx.params["rl"]
     tok, split = load_tokenizer(), load_split()
-    base, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
+    base, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
     sft = copy.deepcopy(base)
     demos = oracle_demos(split["train"], tok, generator(ctx.seed, "sft-demos"))
     losses = train_sft(sft, demos, tok, cfg.steps, cfg.lr)
     save_checkpoint(sft, policy_path("sft"), tok.hash)
-    episodes = environment("gym").make(rl, evaluation=True)
+    episodes = GYM.make(rl, evaluation=True)
     described = {name: describe(model, split["train"], tok, cfg.describe_per_task, generator(ctx.seed, "describe"), rl,
                                 env=episodes)
                  for name, model in (("base", base), ("sft", sft))}   # the same stream for both: paired

@@ -2,6 +2,7 @@
 pass@k, task-bootstrap interval and the paired (same tasks, same sampling stream) difference. When select
 reported stopping rules, the checkpoint each rule would have picked too, with its test cost against the chosen."""
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     CHECKPOINT_DIR,
     COUNT,
@@ -15,15 +16,15 @@ from agentrl.core.artifacts import (
     write_metrics,
 )
 from agentrl.core.seeding import generator, stream_seed
+from agentrl.env.gym.spec import GYM
 from agentrl.env.gym.tokenizer import load_tokenizer
-from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.stats import counts_summary, paired_bootstrap_diff
 from agentrl.pipeline.stage import run_stage
 
 SECTIONS = ["model", "rl", "test"]
-USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
+USES = (TINYAGENT, GYM)   # the registered entries it uses (imported: its code deps hold their modules)
 READS = {"rl": ["max_turns", "max_call_tokens", "rename", "temperature"]}  # the episode rules and the sampler
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "selection.json"]
 SELECTION_SHAPE = {"chosen": {"step": COUNT}, "stopping?": {str: {"chosen_step": COUNT}}}   # what the stage reads
@@ -35,7 +36,7 @@ def body(ctx):
     selection = read_json(REPORTS / "selection.json", SELECTION_SHAPE)
     step = selection["chosen"]["step"]
     def load(path):
-        return load_checkpoint("tinyagent", path, tok, ctx.params["model"])[0]
+        return load_checkpoint(TINYAGENT.name, path, tok, ctx.params["model"])[0]
     models = {"start": load(policy_path("base")), "chosen": load(checkpoint_path(step))}
     rules = {f"stop_{r}": v["chosen_step"] for r, v in selection.get("stopping", {}).items()}
     models.update({name: load(checkpoint_path(s)) for name, s in rules.items()})
@@ -43,7 +44,7 @@ def body(ctx):
            "alpha": cfg.alpha, "chosen_step": step}
     for name, model in models.items():  # one stream for all: paired comparisons
         res = evaluate(model, split["test"], tok, cfg.episodes_per_task, rl.temperature, generator(ctx.seed, "test"),
-                       rl, env=environment("gym").make(rl, evaluation=True))
+                       rl, env=GYM.make(rl, evaluation=True))
         counts = {t: (v["n"], v["c"]) for t, v in res["per_task"].items()}
         out[name] = counts_summary(counts, cfg.ks, cfg.n_boot, cfg.alpha, stream_seed(ctx.seed, "test-ci", name))
     names = list(out["start"]["per_task"])

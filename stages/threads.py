@@ -3,6 +3,7 @@ differ, how far apart are the parameters at the end, and what does it do to held
 import torch
 
 from agentrl.backends.registry import load_checkpoint, read_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import (
     CHECKPOINT_DIR,
     REPORTS,
@@ -17,8 +18,8 @@ from agentrl.core.artifacts import (
     write_metrics,
 )
 from agentrl.core.seeding import generator
+from agentrl.env.gym.spec import GYM
 from agentrl.env.gym.tokenizer import load_tokenizer
-from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import evaluate
 from agentrl.eval.reproducibility import first_divergent_step, max_param_diff
@@ -27,7 +28,7 @@ from agentrl.rl.guards import BundleGuard
 from agentrl.rl.trainer import train
 
 SECTIONS = ["model", "rl", "threads"]
-USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
+USES = (TINYAGENT, GYM)   # the registered entries it uses (imported: its code deps hold their modules)
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), CHECKPOINT_DIR, REPORTS / "train_dashboard.json"]
 
 
@@ -39,17 +40,16 @@ def body(ctx):
     if len(main_rows) < tcfg.steps or not ckpt.exists():
         raise StageError(f"threads.steps: the main run has no checkpoint at step {tcfg.steps} "
                          "(choose a multiple of train.checkpoint_every, at most train.steps)")
-    model, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
+    model, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
     torch.set_num_threads(tcfg.compare_threads)   # the experiment: the same run at another thread count ...
-    gym = environment("gym")
-    rows = train(model, split["train"], tok, cfg, tcfg.steps, env=gym.make(cfg),
+    rows = train(model, split["train"], tok, cfg, tcfg.steps, env=GYM.make(cfg),
                  hooks=[BundleGuard(bundle_dir(ctx.name), cfg)])
     torch.set_num_threads(ctx.threads)            # ... and back to run.threads for everything else
     first = first_divergent_step(rows, main_rows)
-    main_model, _ = load_checkpoint("tinyagent", ckpt, tok, ctx.params["model"])
-    max_diff = max_param_diff(read_checkpoint("tinyagent", ckpt)["state_dict"], model.state_dict())
+    main_model, _ = load_checkpoint(TINYAGENT.name, ckpt, tok, ctx.params["model"])
+    max_diff = max_param_diff(read_checkpoint(TINYAGENT.name, ckpt)["state_dict"], model.state_dict())
     held = {label: evaluate(m, split["heldout"], tok, tcfg.eval_per_task, cfg.temperature,
-                            generator(ctx.seed, "threads-eval"), cfg, env=gym.make(cfg, evaluation=True))["pass_rate"]
+                            generator(ctx.seed, "threads-eval"), cfg, env=GYM.make(cfg, evaluation=True))["pass_rate"]
             for label, m in (("main", main_model), ("compare", model))}
     out = {"steps": tcfg.steps, "main_threads": ctx.threads, "compare_threads": tcfg.compare_threads,
            "eval_per_task": tcfg.eval_per_task, "first_divergent_step": first, "identical_batches": first is None,

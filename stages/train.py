@@ -8,10 +8,11 @@ import sys
 import time
 
 from agentrl.backends.registry import load_checkpoint
+from agentrl.backends.tinyagent import TINYAGENT
 from agentrl.core.artifacts import DATA, REPORTS, SPLIT, TOKENIZER, TRAIN_DIR, policy_path, write_json, write_metrics
 from agentrl.core.seeding import generator
+from agentrl.env.gym.spec import GYM
 from agentrl.env.gym.tokenizer import load_tokenizer
-from agentrl.env.registry import environment
 from agentrl.env.tasks import load_split
 from agentrl.eval.evaluation import validator
 from agentrl.pipeline.stage import run_stage
@@ -20,7 +21,7 @@ from agentrl.rl.resume import CheckpointHook, ResumeClock, clear_checkpoints, re
 from agentrl.rl.trainer import Hook, make_optimizer, train
 
 SECTIONS = ["model", "rl", "train"]
-USES = {"backends": ["tinyagent"], "environments": ["gym"]}   # registered entries it loads (agentrl.tracking.closure)
+USES = (TINYAGENT, GYM)   # the registered entries it uses (imported: its code deps hold their modules)
 INPUTS = [TOKENIZER, SPLIT, policy_path("base"), DATA / "preflight" / "gate.json"]
 WINDOW = 4  # first/last-steps means in train.json
 
@@ -39,12 +40,12 @@ class Progress(Hook):
 
 def body(ctx):
     tcfg, cfg = ctx.params["train"], ctx.params["rl"]
-    tok, split, gym = load_tokenizer(), load_split(), environment("gym")
-    model, _ = load_checkpoint("tinyagent", policy_path("base"), tok, ctx.params["model"])
+    tok, split = load_tokenizer(), load_split()
+    model, _ = load_checkpoint(TINYAGENT.name, policy_path("base"), tok, ctx.params["model"])
     optimizer = make_optimizer(model, cfg)
     gen = generator(ctx.seed)  # the root stream: training
     key = ctx.run.fingerprint
-    resumed = resume_point(key, "tinyagent")
+    resumed = resume_point(key, TINYAGENT.name)
     history, validation, start = [], [], 0
     if resumed is None:
         clear_checkpoints()
@@ -63,10 +64,10 @@ def body(ctx):
     ctx.run.previous_runs = sorted(set(ctx.run.previous_runs) | set(before.get("runs", [])))
     hooks = [Progress(tcfg.steps, cfg.group_size * cfg.tasks_per_step), BundleGuard(TRAIN_DIR / "bundles", cfg),
              CheckpointHook(tok, validator(split["validation"], tok, cfg, tcfg.eval_per_task, ctx.seed,
-                                           env=gym.make(cfg, evaluation=True)),
+                                           env=GYM.make(cfg, evaluation=True)),
                             tcfg.steps, tcfg.checkpoint_every, validation, ctx.run.log_metrics), clock]
     if start < tcfg.steps:
-        history = train(model, split["train"], tok, cfg, tcfg.steps, env=gym.make(cfg), hooks=hooks, generator=gen,
+        history = train(model, split["train"], tok, cfg, tcfg.steps, env=GYM.make(cfg), hooks=hooks, generator=gen,
                         optimizer=optimizer, history=history, start_step=start)
     ctx.run.previous_seconds = clock.seconds  # this run's own time is added by stage_run
     ctx.run.log_history(history)

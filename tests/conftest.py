@@ -24,6 +24,8 @@ import torch  # noqa: E402
 # two threads, as the pipeline's default run.threads (override for a busy machine: AGENTRL_TEST_THREADS=1)
 torch.set_num_threads(int(os.environ.get("AGENTRL_TEST_THREADS", "2")))
 
+import agentrl.rl.variants  # noqa: E402,F401 (every variant a knob names, registered: any test may validate params)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,6 +1,7 @@
-"""The code closure follows the registry: a module a stage loads by name (a backend, an environment) is in its deps,
-its provenance hash and its audit, and a stage that loads code outside its deps fails instead of recording a
-provenance that misses it."""
+"""The code closure follows the registered entries a stage uses: it names them as objects (`USES`), imported from
+the modules that register them, so those modules are in its deps, its provenance hash and its audit; the closure is
+the stage's imports and reads no registry's source; and a stage that loads code outside its deps (an entry looked
+up by name without its import) fails instead of recording a provenance that misses it."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.tracking.closure import code_closure, used_modules
+from agentrl.tracking.closure import code_closure
 from agentrl.tracking.provenance import code_hash, loaded_unlisted, stage_code_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,22 +36,32 @@ def test_train_depends_on_the_backend_it_loads_through_the_registry():
     assert "agentrl/backends/hf.py" not in deps   # only what it uses: the HF backend is the labs'
 
 
-def test_without_its_uses_the_closure_misses_the_backend(tmp_path):
-    """The teeth: the same stage without its USES line has no static import of backends/tinyagent.py."""
+def test_the_stage_names_its_entries_as_the_objects_their_modules_register():
+    import stages.train
+    from agentrl.backends.registry import BACKENDS
+    from agentrl.env.registry import ENVIRONMENTS
+    assert stages.train.USES == (BACKENDS["tinyagent"], ENVIRONMENTS["gym"])
+
+
+def test_without_the_import_of_its_entry_the_closure_misses_the_backend(tmp_path):
+    """The teeth: the same stage naming its backend only by name has no import of backends/tinyagent.py (the run
+    would then load it through the registry and fail at its end: the next test)."""
     root = copy_code(tmp_path)
     script = root / "stages" / "train.py"
-    assert used_modules(script, root) == {"agentrl.backends.tinyagent", "agentrl.env.gym.spec"}
-    script.write_text("\n".join(line for line in script.read_text().splitlines() if not line.startswith("USES")))
-    assert used_modules(script, root) == set()
+    text = script.read_text()
+    assert "from agentrl.backends.tinyagent import TINYAGENT\n" in text
+    script.write_text(text.replace("from agentrl.backends.tinyagent import TINYAGENT\n", "")
+                      .replace("USES = (TINYAGENT, GYM)", "USES = (GYM,)").replace("TINYAGENT.name", '"tinyagent"'))
     assert BACKEND not in code_closure("stages/train.py", root)
+    assert "agentrl/env/gym/spec.py" in code_closure("stages/train.py", root)
 
 
-def test_an_unknown_uses_entry_is_one_line(tmp_path):
+def test_the_closure_reads_no_registry_source(tmp_path):
+    """A registry's declared modules are not edges: a stage importing only the registry has none of them."""
     root = copy_code(tmp_path)
-    script = root / "stages" / "train.py"
-    script.write_text(script.read_text().replace('"backends": ["tinyagent"]', '"backends": ["llama"]'))
-    with pytest.raises(ValueError, match="USES: backends 'llama' is not built in; allowed: tinyagent, hf"):
-        code_closure("stages/train.py", root)
+    (root / "stages" / "probe.py").write_text("from agentrl.backends.registry import backend\n")
+    files = code_closure("stages/probe.py", root)
+    assert "agentrl/backends/registry.py" in files and BACKEND not in files and "agentrl/backends/hf.py" not in files
 
 
 def test_editing_the_backend_moves_trains_code_hash(tmp_path):
@@ -98,27 +109,18 @@ def test_dvc_status_and_audit_name_the_backend(tmp_path):
     assert BACKEND in json.loads(audit.stdout)["code"]
 
 
-def test_a_registry_made_with_its_module_is_an_import_of_that_module(tmp_path):
-    """Registry(kind, field, module) imports `module` when a knob is validated: the closure follows it, whether
-    the module is a literal or a module-level name (fault injection: without the edge the file is missing)."""
-    from agentrl.tracking.closure import code_closure
-    (tmp_path / "agentrl" / "core").mkdir(parents=True)
-    (tmp_path / "stages").mkdir()
-    for f in ("agentrl/__init__.py", "agentrl/core/__init__.py", "agentrl/variants.py", "agentrl/other.py"):
-        (tmp_path / f).write_text("")
-    (tmp_path / "agentrl/core/knobs.py").write_text(
-        'MOD = "agentrl.variants"\nA = Registry("a", "x.a", MOD)\nB = Registry("b", "x.b", module="agentrl.other")\n')
-    (tmp_path / "stages/s.py").write_text("from agentrl.core import knobs\n")
-    files = code_closure("stages/s.py", tmp_path)
-    assert {"agentrl/variants.py", "agentrl/other.py", "agentrl/core/knobs.py"} <= set(files)
-    (tmp_path / "agentrl/core/knobs.py").write_text('A = "agentrl.variants"\n')
-    assert "agentrl/variants.py" not in code_closure("stages/s.py", tmp_path)
+def test_a_stage_that_validates_rl_knobs_imports_what_registers_their_variants():
+    """core names no module above it: the knob's allowed values are whatever the process has registered, so every
+    stage that validates an rl section (or an arm's rl overrides) has the registering modules in its closure."""
+    import importlib
 
-
-def test_every_stage_closure_has_the_modules_its_params_validation_loads():
-    from agentrl.core import config
-    from agentrl.tracking.closure import code_closure
-    modules = {r.module for r in vars(config).values() if isinstance(r, config.Registry) and r.module}
-    assert "agentrl.rl.objectives" in modules
-    files = set(code_closure("stages/ablate_summary.py", REPO))
-    assert {m.replace(".", "/") + ".py" for m in modules} <= files
+    from agentrl.core import variants as registries
+    registering = {f"{fn.__module__.replace('.', '/')}.py"
+                   for registry in (registries.OBJECTIVE + (registries.KEEP_MODES, registries.LR_SCHEDULES,
+                                                            registries.CURRICULA))
+                   for _, fn in registry.items()}
+    assert "agentrl/rl/objectives.py" in registering and "agentrl/rl/curriculum.py" in registering
+    for script in sorted(p for p in (REPO / "stages").glob("*.py") if p.stem != "__init__"):
+        if {"rl", "ablate"} & set(importlib.import_module(f"stages.{script.stem}").SECTIONS):
+            missing = registering - set(code_closure(f"stages/{script.stem}.py", REPO))
+            assert not missing, (script.stem, missing)

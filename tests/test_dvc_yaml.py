@@ -10,36 +10,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def registered_modules(path: Path) -> set[str]:
-    """The modules of the registered entries a file's module-level USES names, looked up in the registries
-    themselves (imported here, not parsed)."""
-    from agentrl.backends.registry import BACKENDS
-    from agentrl.bench import BENCHES
-    from agentrl.env.registry import ENVIRONMENTS
-    registries = {"backends": BACKENDS, "environments": ENVIRONMENTS, "benches": BENCHES}
-    tree = ast.parse(path.read_text())
-    uses = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and any(getattr(t, "id", None) == "USES" for t in n.targets)), {})
-    return {registries[kind].builtin[name] for kind, names in uses.items() for name in names}
-
-
-def lazy_registry_modules(path: Path) -> set[str]:
-    """The modules a file's registries import on first use (Registry(kind, field, module)), read off the imported
-    module's Registry objects."""
-    import importlib
-
-    from agentrl.core.registry import Registry
-    if not path.relative_to(REPO).parts[0] == "agentrl":
-        return set()
-    name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-    module = importlib.import_module(name)
-    return {v.module for v in vars(module).values() if isinstance(v, Registry) and v.module}
-
-
 def agentrl_imports(path: Path) -> set[str]:
-    """agentrl modules a file imports anywhere in its body, those of the registered entries it uses, and those its
-    registries load on first use."""
-    found = registered_modules(path) | lazy_registry_modules(path)
+    """agentrl modules a file imports anywhere in its body (a registered entry a stage uses is one: it names the
+    entry as the object its module registers)."""
+    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
             found.add(node.module)
@@ -104,15 +78,12 @@ def test_code_deps_are_exactly_the_import_closure():
 
 def test_the_report_depends_on_no_model_code():
     """The report renders stage outputs: none of rl/, model/, env/, eval/ or faults/ is in its closure, but for the
-    modules that register the objective's variants (validating params.yaml's rl section reads their names) and what
+    modules that register the variants the knobs name (validating every params section reads their names) and what
     they import."""
-    from agentrl.core import config
-    registered = set()
-    for module in lazy_registry_modules(REPO / "agentrl/core/config.py"):
-        registered |= code_closure(module_file(module))
+    registered = code_closure("agentrl/rl/variants.py") | {"agentrl/rl/variants.py"}
     deps = set(stages()["report"]["deps"]) - registered
     assert not [d for d in deps if re.match(r"agentrl/(rl|model|env|eval|faults)/", d)], sorted(deps)
-    assert config.POLICY_LOSSES.module == "agentrl.rl.objectives" and "agentrl/rl/objectives.py" in registered
+    assert "agentrl/rl/objectives.py" in registered and "agentrl/rl/variants.py" in stages()["report"]["deps"]
 
 
 def test_every_stage_script_is_a_stage_and_runs_as_a_module():

@@ -17,11 +17,11 @@ from agentrl.backends.base import BackendSpec, PolicyBackend
 from agentrl.backends.registry import BACKENDS, from_description, load_checkpoint, save_checkpoint
 from agentrl.core.config import POLICY_LOSSES, ConfigError, RLConfig
 from agentrl.env.base import EnvironmentSpec, EpisodeRecord
+from agentrl.env.formats import ConversationFormat
 from agentrl.env.gym.spec import GYM
 from agentrl.env.registry import ENVIRONMENTS, environment
 from agentrl.eval.evaluation import evaluate
 from agentrl.model.policy import ModelConfig, TinyAgent
-from agentrl.rl import references
 from agentrl.rl.dashboard import METRIC_GROUPS
 from agentrl.rl.invariants import CHECKS, failed_checks, sanity_checks
 from agentrl.rl.rollout import sample_step
@@ -136,6 +136,7 @@ def test_a_new_backend_is_one_registry_entry(bigram_backend, tok, train_tasks, t
     history, res, checks = run_everything(model, GYM, train_tasks[:4], tok, RLConfig(group_size=4, tasks_per_step=2,
                                                                                      lr=1e-2))
     assert_dashboard(history, extra=GYM.counts)
+    assert all(set(t.record.counts) == set(GYM.counts) for t in res["trajs"])   # the counts it declares
     assert 0.0 <= res["pass_rate"] <= 1.0 and sum(v["n"] for v in res["per_task"].values()) == 8
     assert failed_checks(checks) == set() and not checks.errors, {c: checks[c] for c in CHECKS}
     save_checkpoint(model, tmp_path / "bigram.pt", tok.hash, {"step": 2})     # through the registry, by kind
@@ -212,10 +213,10 @@ class SumEpisode:
 
     def record(self):
         right = self.reward > 0
-        return EpisodeRecord(self.task.name, "arith", self.task.name, self.turns, self.bad, 0, 0, 0, right, right,
-                             right, tuple(self.calls), tuple("invalid" if c == "invalid" else "finish"
-                                                             for c in self.calls),
-                             {"answers": len(self.answers)})
+        return EpisodeRecord(self.task.name, "arith", self.task.name, turns=self.turns, malformed=self.bad,
+                             finished=right, passed=right, calls=tuple(self.calls),
+                             kinds=tuple("invalid" if c == "invalid" else "finish" for c in self.calls),
+                             counts={"answers": len(self.answers)})
 
 
 def make_sums(cfg, evaluation: bool = False):
@@ -235,11 +236,12 @@ def test_a_new_environment_is_one_registry_entry_with_its_own_record(arith_env):
     spec = environment("arith")
     assert spec is arith_env and "arith" in ENVIRONMENTS.names()
     fmt = spec.formats["words"](None)
+    assert isinstance(fmt, ConversationFormat)
     model = TinyAgent(ModelConfig(vocab_size=len(fmt), d_model=16, n_layer=1, n_head=2, d_ff=32, max_len=64))
     cfg = RLConfig(group_size=4, tasks_per_step=2, max_call_tokens=3, max_turns=2)
     history, res, checks = run_everything(model, spec, spec.tasks("train"), fmt, cfg)
     assert_dashboard(history, extra=("answers",))
-    assert "hardcode" not in history[0]            # no environment carries another's counters
+    assert not {"hardcode", "reads", "tests", "edits"} & set(history[0])   # no environment carries another's counts
     assert all(0 <= row["answers"] <= 2 for row in history)
     assert set(res["per_task"]) == {t.name for t in SUMS}
     assert all(t.record.family == "arith" and set(t.record.kinds) <= {"finish", "invalid"} for t in res["trajs"])
@@ -255,12 +257,11 @@ def test_an_unregistered_environment_is_one_line_naming_the_registered_ones():
 
 @pytest.fixture
 def pg_loss():
-    """`pg`: -r A per token, without a clip (the trainer's and the invariants' independent re-derivation)."""
-    POLICY_LOSSES.register("pg", lambda ratio, adv, cfg: -(ratio * adv))
-    references.POLICY_TERMS.register("pg", lambda r, a, cfg: -(r * a))
+    """`pg`: -r A per token, without a clip: the trainer's formula and the invariants' independent re-derivation
+    (token by token, in float64), in one registration."""
+    POLICY_LOSSES.register("pg", lambda ratio, adv, cfg: -(ratio * adv), reference=lambda r, a, cfg: -(r * a))
     yield "pg"
     POLICY_LOSSES.unregister("pg")
-    references.POLICY_TERMS.unregister("pg")
     with pytest.raises(ConfigError, match=r"^RLConfig.policy_loss: unknown value 'pg'; allowed: clip$"):
         RLConfig(policy_loss="pg")
 
@@ -286,7 +287,8 @@ def test_a_variant_without_an_independent_rederivation_is_refused_by_the_invaria
     try:
         cfg = RLConfig(group_size=4, tasks_per_step=2, policy_loss="unchecked")
         batch, _ = sample_step(quick_base, GYM.make(cfg), train_tasks[:2], tok, cfg, torch.Generator().manual_seed(0))
-        with pytest.raises(ConfigError, match=r"^rl.policy_loss: unknown value 'unchecked' \(the invariants need"):
+        with pytest.raises(ConfigError, match=r"^rl.policy_loss: 'unchecked' has no independent re-derivation \(the "
+                                              r"invariants need one: register the variant with reference="):
             sanity_checks(quick_base, batch, tok, cfg)
     finally:
         POLICY_LOSSES.unregister("unchecked")

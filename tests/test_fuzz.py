@@ -47,6 +47,16 @@ INSTANCE = {"ablate": "ablate@default-0", "length_pair": None}   # the instance 
 WATCHED = ("data", "reports")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def report_the_counts():
+    """Examples per target and their outcomes, printed once the module's targets have run, whatever their order
+    (pytest -s shows them; docs/testing.md quotes a run)."""
+    yield
+    for target, counts in sorted(STATS.items()):
+        seconds = counts.pop("seconds", 0)
+        print(f"fuzz {target}: {sum(counts.values())} examples in {seconds} s ({dict(sorted(counts.items()))})")
+
+
 # ---------------------------------------------------------------- the workspace
 
 @pytest.fixture(scope="module")
@@ -576,10 +586,3 @@ def test_an_ending_signal_at_any_moment(ws):
             assert db.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0] == 0
     run()
     STATS["signal stage select"]["seconds"] = round(time.time() - t0)
-
-
-def test_zz_report_the_counts():
-    """Examples per target and their outcomes (pytest -s prints them; docs/testing.md quotes a run)."""
-    for target, counts in sorted(STATS.items()):
-        seconds = counts.pop("seconds", 0)
-        print(f"fuzz {target}: {sum(counts.values())} examples in {seconds} s ({dict(sorted(counts.items()))})")

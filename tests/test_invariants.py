@@ -162,8 +162,7 @@ def test_fail_turn_limit_is_the_share_of_failures_that_ran_out_of_turns():
     from agentrl.rl.rollout import OWNER, Trajectory
 
     def episode(n_policy: int, submitted: bool, passed: bool):
-        record = EpisodeRecord("t", "f", "f", turns=1, malformed=0, reads=0, tests=0, edits=0, finished=submitted,
-                               hidden_pass=passed, public_pass=passed)
+        record = EpisodeRecord("t", "f", "f", turns=1, malformed=0, finished=submitted, passed=passed)
         owner = [OWNER["prompt"]] + [OWNER["policy"]] * n_policy
         return Trajectory(list(range(n_policy + 1)), owner, [0.0] * n_policy, float(submitted and passed), record)
 

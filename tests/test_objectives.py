@@ -12,12 +12,13 @@ from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 from agentrl.rl.objectives import (
     aggregate_loss,
     approx_kl,
-    clipped_surrogate,
+    clip_objective,
     compute_advantages,
     entropy_bonus,
     kl_penalty,
     masked_mean,
     policy_loss,
+    token_ratio,
 )
 
 TOL = 1e-6
@@ -102,7 +103,8 @@ ADV = torch.tensor([1.0, -1.0, -1.0, 1.0])
 def test_clipped_surrogate_exact():
     logp = torch.log(RATIOS)
     old = torch.zeros(4)
-    per_token, ratio = clipped_surrogate(logp, old, ADV, 0.2)
+    ratio = token_ratio(logp, old, torch.ones(4))
+    per_token = clip_objective(ratio, ADV, 0.2, 0.2)
     close(per_token, [-1.2, 0.8, 4.0, -1.0])
     close(ratio, RATIOS)
 

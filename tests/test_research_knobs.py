@@ -97,7 +97,8 @@ def test_reward_scales():
 
 def test_each_knob_allows_exactly_its_registry_names_and_the_invariants_derive_each():
     """One source of truth: a knob's allowed values are the names its variants registered under (no list to keep
-    equal), and the invariants' independent re-derivations (agentrl.rl.references) are keyed by the same names."""
+    equal), and each objective variant is registered with its independent re-derivation (agentrl.rl.references)."""
+    from agentrl.core import variants
     from agentrl.rl import references as refs
     expected = {"adv_estimator": ("grpo", "rloo"), "scale_rewards": ("none", "group", "batch"),
                 "ratio_level": ("token", "sequence"), "policy_loss": ("clip",),
@@ -107,15 +108,17 @@ def test_each_knob_allows_exactly_its_registry_names_and_the_invariants_derive_e
     specs = {f.name: f.metadata["spec"] for f in dataclasses.fields(RLConfig)}
     for key, names in expected.items():
         assert specs[key].allowed() == names, key
-    for registry, key in ((refs.BASELINES, "adv_estimator"), (refs.SCALES, "scale_rewards"),
-                          (refs.RATIOS, "ratio_level"), (refs.POLICY_TERMS, "policy_loss"),
-                          (refs.AGGREGATIONS, "loss_mode"), (refs.KL_ESTIMATORS, "kl_kind")):
+    for registry in variants.OBJECTIVE:
+        key = registry.field.removeprefix("rl.")
         assert registry.names() == expected[key], key
+        for name in registry.names():   # a function of the independent module, not the formula registered with it
+            derivation = refs.reference(registry, name)
+            assert derivation.__module__ == refs.__name__ and derivation is not registry[name], (key, name)
     with pytest.raises(config.ConfigError, match=r"^RLConfig.kl_kind: unknown value 'k4'; allowed: k1, k2, k3$"):
         RLConfig(kl_kind="k4")
     with pytest.raises(config.ConfigError, match=r"^rl.adv_estimator: unknown value 'ppo'; allowed: grpo, rloo$"):
         compute_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), estimator="ppo")
-    with pytest.raises(config.ConfigError, match=r"^rl.adv_estimator: unknown value 'ppo' \(the invariants need"):
+    with pytest.raises(config.ConfigError, match=r"^rl.adv_estimator: unknown value 'ppo'; allowed: grpo, rloo$"):
         refs.group_advantages(torch.ones(2), torch.zeros(2), estimator="ppo")   # never silently GRPO
 
 

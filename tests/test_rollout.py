@@ -321,11 +321,11 @@ def test_checkpoint_from_another_model_config(tmp_path, make_model, tok):
         load_policy(path, tok.hash, expect_config=expect)
     msg = str(exc.value)
     assert "model config" in msg and "d_model" in msg and "\n" not in msg
-    # through the params section of the model (what stages use)
+    # through the params section of the model, as the stages load it (the backend's load)
+    from agentrl.backends.tinyagent import TINYAGENT
     from agentrl.core.config import ModelParams
-    from agentrl.model.checkpoints import load_for
     with pytest.raises(CheckpointError, match="model config"):
-        load_for(path, tok, ModelParams())
+        TINYAGENT.load(path, tok, ModelParams())
 
 
 def test_checkpoint_whose_weights_do_not_fit_its_config(tmp_path, random_model, tok):

@@ -15,8 +15,8 @@ A backend is a torch.nn.Module (the optimizer, `copy.deepcopy` and `state_dict` 
 
 A backend module registers a `BackendSpec` under its name in agentrl.backends.registry.BACKENDS: how to build a
 model from a described config, save a checkpoint and load one, and the invariants' thresholds its rounding needs
-(its bench, if it has one, is registered in agentrl.bench). Adding a backend is that one module (plus its name in
-the registry's `BUILTIN` map when it ships with the project, so that it loads on first use).
+(its bench, if it has one, is registered in agentrl.bench). Adding a backend is that one module (plus its name and
+module in the registry's `builtin` when it ships with the project, so that it loads on first lookup by name).
 """
 from __future__ import annotations
 

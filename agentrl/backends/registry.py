@@ -1,18 +1,17 @@
 """The registry of policy backends (agentrl.core.registry): name -> BackendSpec (agentrl.backends.base), and the
 checkpoint functions every stage, lab, guard and replay uses, which find a model's backend by its `kind`.
 
-The backends that ship with the project are declared by module in `BUILTIN` and imported on first use, so a stage
-imports only the backends it uses (named in its `USES`; agentrl.tracking.closure adds their modules to its code).
+The backends that ship with the project are declared here by module and imported on first lookup by name (a
+checkpoint's `kind`); a stage imports the entry it uses (`TINYAGENT`), so its code closure holds that module.
 """
 from __future__ import annotations
 
 from agentrl.core.registry import Registry
 
-BUILTIN = {
+BACKENDS = Registry("policy backend", "backend", builtin={
     "tinyagent": "agentrl.backends.tinyagent",   # TinyAgent, the project's own small transformer (agentrl.model)
     "hf": "agentrl.backends.hf",                 # a Hugging Face causal LM (Qwen3, Llama) loaded with from_pretrained
-}
-BACKENDS = Registry("policy backend", "backend", builtin=BUILTIN)
+})
 
 
 def backend(name: str):

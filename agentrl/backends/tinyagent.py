@@ -24,6 +24,6 @@ def load(path, tok, expect=None) -> tuple[TinyAgent, dict]:
     return load_policy(path, tok.hash, config)
 
 
-ENTRY = BACKENDS.register("tinyagent", BackendSpec(
+TINYAGENT = BACKENDS.register("tinyagent", BackendSpec(
     "tinyagent", "TinyAgent, the project's own small transformer (agentrl.model.policy)",
     from_config=from_config, save=save, load=load, read=read_checkpoint))

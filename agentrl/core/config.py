@@ -9,7 +9,7 @@ is written.
 
 This module is the bottom layer: fixed enumerations (families, rewards, fault names, devices) are declared here as
 tuples; the variants of the objective and the loop (loss modes, KL estimators, the research knobs' variants) are
-registries (agentrl.core.registry) whose entries the modules implementing them register, so a knob's allowed values
+registries (agentrl.core.variants) whose entries the modules implementing them register, so a knob's allowed values
 are the names registered.
 """
 from __future__ import annotations
@@ -24,24 +24,20 @@ from agentrl.core import files, strict_yaml
 from agentrl.core.knobs import ConfigError, Diverged, ParamsError, Section, Spec, UserError, knob, prob, validate  # noqa: F401
 from agentrl.core.lab_config import DEVICES, LAB_CONFIGS, LabConfig, LabRun, lab_run  # noqa: F401 (the lab section)
 from agentrl.core.numerics import NUMERICS_MODES
-from agentrl.core.registry import Registry
+from agentrl.core.variants import (
+    ADV_ESTIMATORS,
+    CURRICULA,
+    KEEP_MODES,
+    KL_KINDS,
+    LOSS_MODES,
+    LR_SCHEDULES,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    REWARD_SCALES,
+)
 
 FAMILIES = ("minmax", "range", "init", "compare", "zero")
 REWARDS = ("hidden", "public")
-
-# The objective's and the loop's variants: each a named function registered beside its formula, in the module named
-# here; the knob that chooses one takes the registry's names as its allowed values (docs/research.md lists them).
-_OBJECTIVES = "agentrl.rl.objectives"
-_ROLLOUT = "agentrl.rl.rollout"
-ADV_ESTIMATORS = Registry("advantage estimator", "rl.adv_estimator", _OBJECTIVES)     # reward -> baseline
-REWARD_SCALES = Registry("reward scale", "rl.scale_rewards", _OBJECTIVES)           # advantage divisor
-RATIO_LEVELS = Registry("policy ratio", "rl.ratio_level", _OBJECTIVES)              # importance ratio
-POLICY_LOSSES = Registry("policy loss", "rl.policy_loss", _OBJECTIVES)              # per-token policy term
-LOSS_MODES = Registry("loss aggregation", "rl.loss_mode", _OBJECTIVES)              # per-token loss -> scalar
-KL_KINDS = Registry("KL estimator", "rl.kl_kind", _OBJECTIVES)                      # per-token KL penalty
-KEEP_MODES = Registry("keep mode", "rl.keep", _ROLLOUT)                             # which groups are trained on
-LR_SCHEDULES = Registry("learning-rate schedule", "rl.lr_schedule", "agentrl.rl.schedule")
-CURRICULA = Registry("curriculum", "rl.curriculum", "agentrl.rl.curriculum")
 FAULT_NAMES = ("mask_shift", "stale_old_logp", "entropy_sign", "sign_flip", "accum_local", "sampler_temp",
                "ref_is_policy")
 STARTS = ("base", "sft")   # starting policies an ablation arm may name
@@ -84,7 +80,7 @@ class ModelParams(Section):
     d_ff: int = _int(256, lo=1)
     max_len: int = _int(1024, lo=64)
     tie_embeddings: bool = knob(True, bool)
-    emb_std: float = knob(1.0, float, "token-embedding init std (docs/design.md: held-out generalization)",
+    emb_std: float = knob(1.0, float, "token-embedding init std (docs/deviations.md: held-out generalization)",
                           lo=0.0, lo_open=True)
 
     def check(self):
@@ -124,7 +120,7 @@ class RLConfig(Section):
     """GRPO (agentrl.rl.trainer); the seed is run.seed."""
     group_size: int = _int(8, "episodes per task (the GRPO group; two or more to compare)", lo=2)
     tasks_per_step: int = _int(8, "groups per step: 64 episodes", lo=1)
-    lr: float = knob(3e-4, float, "Adam; 1e-3 takes ~10x larger steps on this parametrization (docs/design.md)",
+    lr: float = knob(3e-4, float, "Adam; 1e-3 takes ~10x larger steps on this parametrization (docs/deviations.md)",
                      lo=0.0, lo_open=True)
     epochs: int = _int(1, "passes over the batch per step", lo=1)
     minibatches: int = _int(2, "optimizer steps per epoch", lo=1)
@@ -432,8 +428,3 @@ def load_params(sections: list[str], path: str | Path = "params.yaml") -> dict:
     raw = read_params_file(path)
     seed = load_section("run", raw, str(path)).seed if "rl" in sections else None
     return {name: load_section(name, raw, str(path), seed) for name in sections}
-
-
-def validate_all(path: str | Path = "params.yaml") -> dict:
-    """Every section of params.yaml, validated (the whole pipeline's params, before any stage runs)."""
-    return load_params(list(SECTIONS), path)

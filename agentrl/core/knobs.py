@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -40,7 +42,7 @@ class Spec:
     lo_open: bool = False           # lo < v instead of lo <= v
     hi_open: bool = False
     choices: tuple | None = None    # allowed values (str fields; for lists: of each item), or a registry whose
-                                    # names they are (agentrl.core.registry), read when the field is checked
+                                    # names they are (agentrl.core.variants), read when the field is checked
     item: type | None = None        # item type of a list
     nonempty: bool = False          # lists: at least one item
     unique: bool = False            # lists: no repeats
@@ -48,7 +50,7 @@ class Spec:
 
     @property
     def lazy(self) -> bool:
-        """The allowed values are a registry's names (its module loads when they are read)."""
+        """The allowed values are a registry's names: those registered in this process when the field is checked."""
         return self.choices is not None and not isinstance(self.choices, tuple)
 
     def allowed(self) -> tuple | None:
@@ -109,7 +111,7 @@ class Spec:
                 raise ValueError
             return value
         if kind is str:
-            if not isinstance(value, str) or (self.choices and value not in self.allowed()):
+            if not isinstance(value, str) or (self.choices is not None and value not in self.allowed()):
                 raise ValueError
             return value
         if isinstance(value, bool):
@@ -124,7 +126,7 @@ class Spec:
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError
-        if self.choices and value not in self.allowed():
+        if self.choices is not None and value not in self.allowed():
             raise ValueError
         if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
             raise ValueError
@@ -145,17 +147,34 @@ def prob(default: float, doc: str = ""):
     return knob(default, float, doc, lo=0.0, hi=1.0)
 
 
+_DEFERRED: ContextVar[bool] = ContextVar("registries_deferred", default=False)
+
+
+@contextmanager
+def registries_deferred():
+    """Validate without the fields whose allowed values are a registry's names: a process that has not yet imported
+    what registers them (a stage's early check, before torch) checks everything else; `run_stage` checks them."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def validate(obj) -> None:
     """Check (and coerce) every field of a config object by its Spec; raise ConfigError naming the field. Fields
-    whose allowed values are a registry's names come last, so every other problem is found without loading one."""
+    whose allowed values are a registry's names come last, so every other problem is found first."""
     specs = [(f, f.metadata.get("spec")) for f in fields(obj)]
     for f, spec in sorted(specs, key=lambda fs: fs[1] is not None and fs[1].lazy):
-        if spec is None:
+        if spec is None or (spec.lazy and _DEFERRED.get()):
             continue
         value = getattr(obj, f.name)
         try:
             good = spec.coerce(value)
         except (ValueError, TypeError):
+            if spec.lazy and not spec.allowed():
+                raise ConfigError(f"{type(obj).__name__}.{f.name}: no {spec.choices.kind} is registered in this "
+                                  "process (the package that implements them is not imported)") from None
             allowed = spec.describe()
             if spec.choices and spec.kind is str and isinstance(value, str):
                 raise ConfigError(f"{type(obj).__name__}.{f.name}: unknown value {value!r}; allowed: "

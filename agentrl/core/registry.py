@@ -1,18 +1,18 @@
-"""Named entries of one kind, each registered where it is defined: the environments, the policy backends and the
-objective's variants (advantage estimators, reward scales, policy ratios, policy losses, loss aggregations, KL
-estimators) are `Registry` objects, and the knob that chooses among them takes its allowed values from the
-registry itself (agentrl.core.knobs), so a name lives in one place.
+"""Named entries of one kind, each registered where it is defined: the environments, the policy backends, the kernel
+sets, the benches and the objective's and the loop's variants are `Registry` objects. A knob whose allowed values
+are a registry's names takes the registry itself as its choices (agentrl.core.knobs), so a name lives only in its
+registration.
 
-    ESTIMATORS = Registry("advantage estimator", field="rl.adv_estimator", module="agentrl.rl.objectives")
+    ADV_ESTIMATORS = Registry("advantage estimator", field="rl.adv_estimator")    # agentrl.core.variants
 
-    @ESTIMATORS.register("grpo")
+    @ADV_ESTIMATORS.register("grpo", reference=...)                              # agentrl.rl.objectives
     def group_mean_baseline(r): ...
 
-`module` is where the built-in entries register themselves: it is imported the first time the registry is asked for
-an entry or its names. `builtin` maps the names of entries that live in modules of their own (a backend, an
-environment) to those modules, imported only when that entry is used, so a stage imports only what it uses; a stage
-names the entries it uses in a module-level `USES` (agentrl.tracking.closure adds their modules to its code).
-An entry registered from anywhere else (a test, a user's module) joins the same names.
+A registry knows only what has registered into it: the package that implements the entries registers them when it
+is imported, so the code that uses a registry (a stage script, a CLI verb) imports what it uses. `builtin` maps the
+names of entries that live in modules of their own (a backend, an environment, a bench) to those modules, declared
+by the package that owns them and imported only when that entry is looked up by name: a process that never names
+an entry never imports it. An entry registered from anywhere else (a test, a user's module) joins the same names.
 """
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ from agentrl.core.knobs import ConfigError
 
 
 class Registry:
-    def __init__(self, kind: str, field: str | None = None, module: str | None = None,
-                 builtin: dict[str, str] | None = None, hint: str = ""):
-        self.kind, self.field, self.module, self.hint = kind, field or kind, module, hint
-        self.builtin = dict(builtin or {})
+    def __init__(self, kind: str, field: str | None = None, builtin: dict[str, str] | None = None, hint: str = ""):
+        self.kind, self.field, self.hint = kind, field or kind, hint
+        self.builtin: dict[str, str] = {}
         self._entries: dict[str, object] = {}
         self._meta: dict[str, dict] = {}
+        self.declare(builtin or {})
+
+    def declare(self, builtin: dict[str, str]) -> None:
+        """Entries that live in modules of their own, name -> module, imported on first lookup of that name."""
+        self.builtin.update(builtin)
 
     def register(self, name: str, entry=None, **meta):
         """Register `entry` under `name` (as a decorator when entry is omitted); `meta` travels with it. A name
@@ -46,13 +50,8 @@ class Registry:
         self._entries.pop(name, None)
         self._meta.pop(name, None)
 
-    def _load_module(self) -> None:
-        if self.module is not None:
-            importlib.import_module(self.module)
-
     def names(self) -> tuple[str, ...]:
         """Every name, in registration order (declared built-ins first)."""
-        self._load_module()
         return tuple(dict.fromkeys([*self.builtin, *self._entries]))
 
     def __iter__(self):
@@ -66,15 +65,16 @@ class Registry:
 
     def get(self, name: str):
         """The entry `name`, importing its module on first use; an unknown name is one line naming the field and
-        the allowed names."""
-        self._load_module()
+        the allowed names (or saying that nothing is registered in this process)."""
         if name not in self._entries and name in self.builtin:
             importlib.import_module(self.builtin[name])
         if name not in self._entries:
-            allowed = ", ".join(self.names())
             if name in self.builtin:
                 raise ConfigError(f"{self.field}: {self.builtin[name]} did not register {name!r}")
-            raise ConfigError(f"{self.field}: unknown value {name!r}{self.hint}; allowed: {allowed}")
+            if not self.names():
+                raise ConfigError(f"{self.field}: no {self.kind} is registered in this process (the package that "
+                                  "implements them is not imported)")
+            raise ConfigError(f"{self.field}: unknown value {name!r}{self.hint}; allowed: {', '.join(self.names())}")
         return self._entries[name]
 
     __getitem__ = get

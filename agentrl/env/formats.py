@@ -15,9 +15,10 @@ agentrl.env.coding.chat with the generic coding tools.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class ConversationFormat(Protocol):
     pad_id: int
     stop_id: int

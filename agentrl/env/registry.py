@@ -1,15 +1,14 @@
-"""The registry of environments (agentrl.core.registry): name -> EnvironmentSpec (agentrl.env.base). The ones that
-ship with the project are declared by module in `BUILTIN` and imported on first use; a stage names those it uses
-in its `USES`."""
+"""The environments (agentrl.core.variants.ENVIRONMENTS: name -> EnvironmentSpec, agentrl.env.base). The ones that
+ship with the project are declared here by module and imported on first lookup; a stage imports the spec it uses
+(`GYM`, `CODING`), so its code closure holds that module."""
 from __future__ import annotations
 
-from agentrl.core.registry import Registry
+from agentrl.core.variants import ENVIRONMENTS
 
-BUILTIN = {
+ENVIRONMENTS.declare({
     "gym": "agentrl.env.gym.spec",          # the coding gym: read, test, edit <op>, submit (TinyAgent's)
     "coding": "agentrl.env.coding.spec",    # generic coding tools: Read, Edit, Write, Bash, graded in the sandbox
-}
-ENVIRONMENTS = Registry("environment", "environment", builtin=BUILTIN)
+})
 
 
 def environment(name: str):

@@ -12,7 +12,7 @@ import torch
 
 from agentrl.core.config import FAULT_NAMES, ConfigError
 from agentrl.rl.rollout import OWNER
-from agentrl.rl.trainer import SEAMS, Seams, forward_logp, group_advantages, mb_view, minibatch_loss
+from agentrl.rl.trainer import SEAMS, Seams, forward_logp, group_advantages, mb_view, mean_stats, minibatch_loss
 
 SAMPLER_TEMP = 0.7
 WRONG_ENTROPY_COEF = -0.3
@@ -56,9 +56,7 @@ def local_token_means(model, mb: dict, old_logp, ref_logp, cfg) -> tuple[float, 
         (loss / 4).backward()
         total += float(loss.detach()) / 4
         stats.append(st)
-    return total, {"clip_frac": sum(s["clip_frac"] for s in stats) / len(stats),
-                   "approx_kl": sum(s["approx_kl"] for s in stats) / len(stats),
-                   "ratio_max": max(s["ratio_max"] for s in stats), "ratio_min": min(s["ratio_min"] for s in stats)}
+    return total, mean_stats(stats)
 
 
 def live_policy(model):

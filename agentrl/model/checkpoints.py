@@ -2,7 +2,6 @@
 model config or tokenizer (one-line CheckpointError)."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -66,9 +65,3 @@ def load_policy(path, tokenizer_hash: str, expect_config: ModelConfig | None = N
         raise CheckpointError(f"checkpoint {path}: weights do not fit the model config "
                               f"({str(exc).splitlines()[0]})") from None
     return model, payload.get("extra", {})
-
-
-def load_for(path, tok, model_params=None) -> tuple[TinyAgent, dict]:
-    """A policy checkpoint checked against the tokenizer and (when given) the model section of params."""
-    expect = None if model_params is None else ModelConfig(vocab_size=len(tok), **asdict(model_params))
-    return load_policy(path, tok.hash, expect)

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from agentrl.model.block import Block, decode_mismatch, tensors
 from agentrl.model.cache import Chunk, KVCache
 from agentrl.model.kernels.ops import exp
 from agentrl.model.kernels.registry import KERNELS
@@ -40,7 +41,7 @@ class ModelConfig:
     d_ff: int = 256
     max_len: int = 1024
     tie_embeddings: bool = True
-    emb_std: float = 1.0   # token embeddings as large as the positional signal (docs/design.md)
+    emb_std: float = 1.0   # token embeddings as large as the positional signal (docs/deviations.md)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,71 +56,19 @@ def sinusoid_table(max_len: int, d: int) -> torch.Tensor:
     return table
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-
-    def heads(self, x, ops):
-        """x [N, D] -> q, k, v [N, H, Dh]."""
-        N, D = x.shape
-        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)
-        return (t.reshape(N, self.n_head, D // self.n_head) for t in qkv.split(D, dim=1))
-
-    def forward(self, x, starts: torch.Tensor, ops):
-        """Causal self-attention within each packed row of x [N, D] (row b: tokens starts[b]..starts[b+1]-1)."""
-        q, k, v = self.heads(x, ops)
-        y = ops.attention(q, k, v, starts)
-        return ops.linear(y.reshape(x.shape), self.proj.weight, self.proj.bias)
-
-    def cached(self, x, chunk: Chunk, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, ops):
-        """x [M, D] at the chunk's computed slots: writes their keys and values into this layer's cache
-        [B, H, capacity, Dh], attends from each to the valid slots of its row up to its own, returns [M, D]."""
-        q, k, v = self.heads(x, ops)
-        keys[chunk.row, :, chunk.slot] = k
-        values[chunk.row, :, chunk.slot] = v
-        y = ops.attention_cached(q, chunk.row, chunk.slots, keys, values, valid)
-        return ops.linear(y.reshape(x.shape), self.proj.weight, self.proj.bias)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
-
-    def _mlp(self, x, ops):
-        up, _, down = self.mlp
-        h = F.layer_norm(x, x.shape[-1:], self.ln2.weight, self.ln2.bias, self.ln2.eps)
-        return ops.linear(ops.gelu(ops.linear(h, up.weight, up.bias)), down.weight, down.bias)
-
-    def _ln1(self, x):
-        return F.layer_norm(x, x.shape[-1:], self.ln1.weight, self.ln1.bias, self.ln1.eps)
-
-    def forward(self, x, starts: torch.Tensor, ops):
-        x = x + self.attn(self._ln1(x), starts, ops)
-        return x + self._mlp(x, ops)
-
-    def cached(self, x, chunk: Chunk, keys, values, valid, ops):
-        x = x + self.attn.cached(self._ln1(x), chunk, keys, values, valid, ops)
-        return x + self._mlp(x, ops)
-
-
 class TinyAgent(nn.Module):
+    block = Block   # the layer (agentrl.model.block); a subclass may name another
+
     def __init__(self, cfg: ModelConfig, generator: torch.Generator | None = None, kernels: str = "fixed"):
         super().__init__()
         self.cfg = cfg
-        self.kernels = KERNELS[kernels]
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.register_buffer("pos_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights(generator if generator is not None else torch.Generator().manual_seed(0))
+        self.use_kernels(kernels)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator):
@@ -136,9 +85,18 @@ class TinyAgent(nn.Module):
                 p.normal_(0.0, std, generator=generator)
 
     def use_kernels(self, name: str) -> TinyAgent:
-        """Run on another kernel set (agentrl.model.kernels.KERNELS); the weights are unchanged."""
+        """Run on another kernel set (agentrl.model.kernels.KERNELS); the weights are unchanged. Whether its decode
+        step can run this model's block is decided here, at start-up (agentrl.model.block.decode_mismatch)."""
         self.kernels = KERNELS[name]
+        self.decode_step()
         return self
+
+    def decode_step(self):
+        """The kernel set's one-call decode step, or None where it has none or cannot run this block."""
+        if getattr(self, "_decode", (None,))[0] is not self.kernels:   # decided once per kernel set
+            runs = self.kernels.decode is not None and decode_mismatch(self.blocks[0], self.kernels) is None
+            self._decode = (self.kernels, self.kernels.decode if runs else None)
+        return self._decode[1]
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -179,11 +137,11 @@ class TinyAgent(nn.Module):
         chunk = Chunk(valid, cache, cache.append(valid), packed=last)
         x = F.embedding(ids.reshape(-1)[chunk.computed], self.tok_emb.weight) + \
             self.pos_table[pos.reshape(-1)[chunk.computed]]
-        if self.kernels.decode is not None and not torch.is_grad_enabled():   # the loop below, in one call
+        decode = None if torch.is_grad_enabled() else self.decode_step()
+        if decode is not None:   # the loop below, in one call
             weights = weights or self.decode_weights()
-            logits = self.kernels.decode(x, weights[:-3], cache.kv, cache.valid, chunk.row, chunk.slots,
-                                         self.blocks[0].ln1.eps, weights[-3:], self.cfg.vocab_size,
-                                         chunk.last if last and L > 1 else None)
+            logits = decode(x, weights[:-3], cache.kv, cache.valid, chunk.row, chunk.slots, self.blocks[0].ln1.eps,
+                            weights[-3:], self.cfg.vocab_size, chunk.last if last and L > 1 else None)
             return logits if last else logits.view(B, L, -1)
         for i, block in enumerate(self.blocks):
             x = block.cached(x, chunk, *cache.layer(i), cache.valid, self.kernels)
@@ -192,15 +150,12 @@ class TinyAgent(nn.Module):
         return self._logits(x if L == 1 else x[chunk.last])
 
     def decode_weights(self) -> list[torch.Tensor] | None:
-        """Every block's tensors in Block.cached's order of use, then the final layer norm's and the output layer's,
-        as the kernel set's decode takes them (None without one)."""
-        if self.kernels.decode_weights is None:
+        """Every block's tensors in the order the decode step declares (KernelSet.decode_layout), then the final
+        layer norm's and the output layer's, as it takes them (None where this model does not sample through one)."""
+        if self.decode_step() is None:
             return None
-        out = []
-        for b in self.blocks:
-            up, _, down = b.mlp
-            out += [b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.proj.weight,
-                    b.attn.proj.bias, b.ln2.weight, b.ln2.bias, up.weight, up.bias, down.weight, down.bias]
+        declared = self.kernels.decode_layout()
+        out = [t for b in self.blocks for t in tensors(b, declared)]
         head = self.tok_emb.weight if self.head is None else self.head.weight
         return self.kernels.decode_weights(out) + self.kernels.head_weights(self.ln_f.weight, self.ln_f.bias, head)
 

@@ -4,7 +4,8 @@ first, which calls `check_stage()`.
 A stage module imports torch at its top (4 s quiet, 15-30 s on a loaded machine), so a bad param found by
 `run_stage` would be refused only after that. Here, inside the error boundary and without torch, the params file is
 read within its bounds (agentrl.core.config.read_params_file: size, encoding, depth, integer digits), the sections
-the stage reads are validated, and the CPU numerics the stage runs under are pinned and checked against the CPU
+the stage reads are validated but for the names of registered variants (the modules that register them import
+torch; `run_stage` checks those), and the CPU numerics the stage runs under are pinned and checked against the CPU
 (agentrl.core.numerics). A problem is the same one line and exit code 2 that `run_stage` would give, in a fraction
 of a second. The sections come from the stage script's own `SECTIONS` literal and `numeric=False` argument, read
 from its source (tests/test_dvc_yaml.py checks the reading against every imported stage module).
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from agentrl.core.boundary import end_quietly_on_signals, guard
 from agentrl.core.config import SECTIONS, load_params, read_params_file
+from agentrl.core.knobs import registries_deferred
 from agentrl.core.numerics import NUMERICS_MODES, pin, running_stage, stage_mode
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
@@ -52,11 +54,12 @@ def _check(stage: str, instance: str | None, path: str) -> None:
     sections, numeric = declared
     wanted = list(dict.fromkeys((["run"] if numeric else []) + sections))
     raw = read_params_file(path)
-    load_params([s for s in ("run", "lab") if s in wanted], path)   # what decides the mode, validated first
-    mode = stage_mode(raw, stage, instance)
-    if mode in NUMERICS_MODES:   # a stage without tensor work may leave run invalid: it does not read it
-        pin(mode)
-    load_params(wanted, path)   # after the pin: a registry's names come from modules that import torch
+    with registries_deferred():
+        load_params([s for s in ("run", "lab") if s in wanted], path)   # what decides the mode, validated first
+        mode = stage_mode(raw, stage, instance)
+        if mode in NUMERICS_MODES:   # a stage without tensor work may leave run invalid: it does not read it
+            pin(mode)
+        load_params(wanted, path)
 
 
 def check_stage(path: str = "params.yaml") -> None:

@@ -1,10 +1,11 @@
-"""The dashboard row: one flat record per training step, four groups (docs/design.md), and the behaviour statistics of a
-set of episodes that its behaviour group (and every evaluation) reports, read from the episodes' records
+"""The dashboard row: one flat record per training step in the groups below, and the behaviour statistics of a set
+of episodes that its behaviour group (and every evaluation) reports, read from the episodes' records
 (agentrl.env.base.EpisodeRecord), so any environment's episodes make the same row.
 
     outcome       reward, pass_rate (and eval_pass, added by a held-out evaluation hook)
-    behaviour     what the agent did per episode; policy-token lengths of passed and failed episodes; the mean of
-                  each of the environment's own counts (the gym's hardcode)
+    behaviour     what every environment's episodes did (turns, malformed turns, the share finished); policy-token
+                  lengths of passed and failed episodes; and the mean of each count the environment declares
+                  (EnvironmentSpec.counts: the gym's reads, tests, edits and hardcode)
     optimizer     entropy, approx_kl, clipping, ratio extremes, gradient norm, KL to the reference, and the share
                   of groups with zero advantage (split into all-pass and all-fail)
     consistency   logp_gap: mean |trainer - sampler| log-prob on trained tokens (and its per-step max)
@@ -17,8 +18,8 @@ import hashlib
 
 METRIC_GROUPS = {
     "outcome": ["reward", "pass_rate", "eval_pass"],
-    "behaviour": ["reads", "tests", "edits", "turns", "malformed", "submitted", "length_pass", "length_fail",
-                  "fail_turn_limit"],   # and the environment's counts
+    "behaviour": ["turns", "malformed", "submitted", "length_pass", "length_fail", "fail_turn_limit"],
+                 # and the environment's declared counts
     "optimizer": ["entropy", "approx_kl", "approx_kl_max", "clip_frac", "clip_frac_max", "ratio_max", "ratio_min",
                   "grad_norm", "grad_norm_max", "kl_ref", "zero_adv_frac", "all_pass_frac", "all_fail_frac"],
     "consistency": ["logp_gap", "logp_gap_max"],
@@ -28,7 +29,9 @@ METRIC_GROUPS = {
 
 def behavior_stats(trajs: list) -> dict:
     """Per-episode averages of what the agent did (from the episodes' records), plus policy-token lengths split by
-    outcome. `submitted`: the share that ended the episode themselves (a submit, a final answer)."""
+    outcome, and the mean of each count the records carry (their environment's declared counts). `submitted`: the
+    share that ended the episode themselves (a submit, a final answer); `hidden_pass`: the share that did and whose
+    task's own check passed (the hidden tests)."""
     n = max(len(trajs), 1)
     recs = [t.record for t in trajs]
     passed = [t for t in trajs if t.reward > 0]
@@ -37,10 +40,7 @@ def behavior_stats(trajs: list) -> dict:
     out = {
         "episodes": len(trajs),
         "pass_rate": sum(t.reward for t in trajs) / n,
-        "hidden_pass": sum(r.hidden_pass and r.finished for r in recs) / n,
-        "reads": sum(r.reads for r in recs) / n,
-        "tests": sum(r.tests for r in recs) / n,
-        "edits": sum(r.edits for r in recs) / n,
+        "hidden_pass": sum(r.passed and r.finished for r in recs) / n,
         "turns": sum(r.turns for r in recs) / n,
         "malformed": sum(r.malformed for r in recs) / n,
         "submitted": sum(r.finished for r in recs) / n,

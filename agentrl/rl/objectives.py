@@ -1,7 +1,8 @@
 """One small function per formula, each testable on tensors alone. Shapes: B rows, T tokens, V vocab;
 per-token quantities live on targets, i.e. [B, T-1] aligned to ids[1:]. Where a knob selects a variant, each variant
-is a named function registered here beside its formula, with one fixed signature per kind (the registries are
-agentrl.core.config's; the knob's allowed values are their names):
+is a named function registered here beside its formula, with one fixed signature per kind, and registered with it
+its independent re-derivation (`reference=`, a function of agentrl.rl.references that the invariants check the
+trainer against); the registries are agentrl.core.variants', and the knob's allowed values are their names:
 
     ADV_ESTIMATORS  rl.adv_estimator  baseline(r [n]) -> [n] or []         r: one group's rewards
     REWARD_SCALES   rl.scale_rewards  scale(r [n], rewards [B]) -> [] or None (no division)
@@ -17,35 +18,36 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.core.config import ADV_ESTIMATORS, KL_KINDS, LOSS_MODES, POLICY_LOSSES, RATIO_LEVELS, REWARD_SCALES
+from agentrl.core.variants import ADV_ESTIMATORS, KL_KINDS, LOSS_MODES, POLICY_LOSSES, RATIO_LEVELS, REWARD_SCALES
 from agentrl.model.kernels.ops import exp
+from agentrl.rl import references
 
 
-@ADV_ESTIMATORS.register("grpo")
+@ADV_ESTIMATORS.register("grpo", reference=references.group_mean)
 def group_mean_baseline(r: torch.Tensor) -> torch.Tensor:
     """GRPO: every episode's baseline is its group's mean reward."""
     return r.mean()
 
 
-@ADV_ESTIMATORS.register("rloo")
+@ADV_ESTIMATORS.register("rloo", reference=references.others_mean)
 def leave_one_out_baseline(r: torch.Tensor) -> torch.Tensor:
     """RLOO: each episode's baseline is the mean reward of the other episodes of its group."""
     return (r.sum() - r) / max(r.numel() - 1, 1)
 
 
-@REWARD_SCALES.register("none")
+@REWARD_SCALES.register("none", reference=references.unscaled)
 def no_scale(r: torch.Tensor, rewards: torch.Tensor) -> None:
     """Dr. GRPO: advantages are not divided."""
     return None
 
 
-@REWARD_SCALES.register("group")
+@REWARD_SCALES.register("group", reference=references.group_std)
 def group_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """The unbiased std of the group's rewards (0 for a single episode)."""
     return r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())
 
 
-@REWARD_SCALES.register("batch")
+@REWARD_SCALES.register("batch", reference=references.batch_std)
 def batch_std(r: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """The unbiased std of every reward of the batch (TRL's scale_rewards='batch')."""
     return rewards.std(unbiased=True) if rewards.numel() > 1 else rewards.new_zeros(())
@@ -74,25 +76,26 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-@LOSS_MODES.register("token_mean", weight="tokens")
+@LOSS_MODES.register("token_mean", weight="tokens", reference=references.token_mean)
 def token_mean(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
     """Sum over masked tokens / their count."""
     return masked.sum() / mask.sum().clamp(min=1)
 
 
-@LOSS_MODES.register("seq_mean_token_mean", weight="rows")
+@LOSS_MODES.register("seq_mean_token_mean", weight="rows", reference=references.seq_mean_token_mean)
 def seq_mean_token_mean(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
     """Mean over rows of each row's token mean."""
     return (masked.sum(1) / mask.sum(1).clamp(min=1)).mean()
 
 
-@LOSS_MODES.register("seq_mean_token_sum", weight="rows")
+@LOSS_MODES.register("seq_mean_token_sum", weight="rows", reference=references.seq_mean_token_sum)
 def seq_mean_token_sum(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
     """Mean over rows of each row's token sum."""
     return masked.sum(1).mean()
 
 
-@LOSS_MODES.register("seq_mean_token_sum_norm", weight="rows")
+@LOSS_MODES.register("seq_mean_token_sum_norm", weight="rows",
+                      reference=references.seq_mean_token_sum_norm)
 def seq_mean_token_sum_norm(masked: torch.Tensor, mask: torch.Tensor, norm_len: int | None) -> torch.Tensor:
     """Total sum / (B * norm_len), norm_len a constant (cfg.loss_norm_len; None: the padded width L, which moves
     with the batch's padding)."""
@@ -105,7 +108,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
     return LOSS_MODES[mode](per_token * mask, mask, norm_len)
 
 
-@RATIO_LEVELS.register("token")
+@RATIO_LEVELS.register("token", reference=references.token_ratios)
 def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """PPO/GRPO: one importance ratio per token, r_t = exp(logp_t - old_logp_t)."""
     return exp(logp - old_logp)
@@ -114,7 +117,7 @@ def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
 MAX_LOG_SEQ_RATIO = 10.0   # as verl: exp(10) already clips; beyond it only overflow waits
 
 
-@RATIO_LEVELS.register("sequence")
+@RATIO_LEVELS.register("sequence", reference=references.sequence_ratios)
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO: one length-normalised ratio per sequence, s = exp(mean of logp - old_logp over its policy tokens), on
     every token of the row as exp(logp - sg(logp) + sg(log s)): its value is s, its gradient s * grad logp_t, so a
@@ -135,26 +138,19 @@ def dual_clip(per_token: torch.Tensor, adv: torch.Tensor, c: float) -> torch.Ten
     return torch.where(adv < 0, torch.minimum(per_token, -adv * c), per_token)
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float,
-                      clip_eps_high: float | None = None):
-    """Token-level PPO loss clip_objective(r, A, eps, eps_high or eps) and the ratio r = exp(logp - old_logp)."""
-    ratio = exp(logp - old_logp)
-    return clip_objective(ratio, adv, clip_eps, clip_eps if clip_eps_high is None else clip_eps_high), ratio
-
-
-@KL_KINDS.register("k1")
+@KL_KINDS.register("k1", reference=references.k1)
 def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
     """log r'"""
     return log_ratio
 
 
-@KL_KINDS.register("k2")
+@KL_KINDS.register("k2", reference=references.k2)
 def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
     """(log r')^2 / 2"""
     return 0.5 * log_ratio ** 2
 
 
-@KL_KINDS.register("k3")
+@KL_KINDS.register("k3", reference=references.k3)
 def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
     """exp(-log r') - 1 + log r' (unbiased, always >= 0)"""
     return exp(-log_ratio) - 1 + log_ratio
@@ -178,7 +174,7 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, mode: 
     return -coef * aggregate_loss(entropy, mask, mode, norm_len)
 
 
-@POLICY_LOSSES.register("clip")
+@POLICY_LOSSES.register("clip", reference=references.clip_term)
 def clipped_policy_term(ratio: torch.Tensor, adv: torch.Tensor, cfg) -> torch.Tensor:
     """PPO's clipped surrogate clip_objective(r, A, *cfg.clip_range), with verl's dual clip when cfg.clip_ratio_c."""
     low, high = cfg.clip_range

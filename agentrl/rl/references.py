@@ -5,9 +5,9 @@ nothing in agentrl.rl.objectives or agentrl.rl.trainer: the policy-token mask fr
 recorded, advantages from the rewards by the formula, log-probs from a fresh full forward (no cache), the loss
 token by token. A bug in one of the trainer's functions therefore cannot move both sides of a check. Plain and
 slow on purpose (loops over groups, rows and tokens, float64 after the logits); only the invariants call it.
-Every variant of the objective has its re-derivation here, registered under the same name as the trainer's
-(agentrl.rl.objectives): a variant without one is refused by the invariants in one line, never checked against
-another variant's formula.
+Every variant of the objective has its re-derivation here, registered together with the trainer's formula in one
+registration (agentrl.rl.objectives: `reference=`): a variant without one is refused by the invariants in one line,
+never checked against another variant's formula.
 Log-probs are derived only at the positions a check reads (the policy's tokens): a backend with a large
 vocabulary then never materialises [B, T, V] logits.
 """
@@ -17,7 +17,16 @@ import math
 
 import torch
 
-from agentrl.core.registry import Registry
+from agentrl.core.knobs import ConfigError
+from agentrl.core.variants import (
+    ADV_ESTIMATORS,
+    KL_KINDS,
+    LOSS_MODES,
+    OBJECTIVE,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    REWARD_SCALES,
+)
 from agentrl.rl.rollout import OWNER
 
 LOG2E = 1.0 / math.log(2.0)
@@ -32,17 +41,33 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 NO_GRAD_ELEMENTS = 2**27   # a float64 [positions, vocab] log-softmax of at most 1 GiB per pass without gradient
 ADV_EPS = 1e-6   # the advantage formula's epsilon: (r - group mean) / (unbiased group std + eps)
 
-_HINT = " (the invariants need its independent re-derivation, registered in agentrl.rl.references)"
-BASELINES = Registry("reference baseline", "rl.adv_estimator", hint=_HINT)      # (r, mates) -> baseline
-SCALES = Registry("reference reward scale", "rl.scale_rewards", hint=_HINT)     # (mates, rewards) -> std or None
-RATIOS = Registry("reference policy ratio", "rl.ratio_level", hint=_HINT)       # (lps, olds) -> a ratio per token
-POLICY_TERMS = Registry("reference policy term", "rl.policy_loss", hint=_HINT)  # (r, a, cfg) -> a token's loss
-AGGREGATIONS = Registry("reference aggregation", "rl.loss_mode", hint=_HINT)    # (row sums, counts, cfg) -> loss
-KL_ESTIMATORS = Registry("reference KL estimator", "rl.kl_kind", hint=_HINT)    # x -> KL(pi || ref) per token
+# The re-derivation of each variant, one signature per kind (the registry that holds it with its formula):
+#   ADV_ESTIMATORS  (r, mates) -> baseline           REWARD_SCALES  (mates, rewards) -> std or None
+#   RATIO_LEVELS    (lps, olds) -> a ratio per token POLICY_LOSSES  (r, a, cfg) -> a token's loss
+#   LOSS_MODES      (row sums, counts, cfg) -> loss  KL_KINDS       x -> KL(pi || ref) per token
+
+
+def reference(registry, name: str):
+    """The re-derivation registered with the variant `name` of one of the objective's registries; a one-line
+    ConfigError for a variant without one (or an unknown name)."""
+    found = registry.meta(name).get("reference")
+    if found is None:
+        raise ConfigError(f"{registry.field}: {name!r} has no independent re-derivation (the invariants need one: "
+                          "register the variant with reference=, a function of agentrl.rl.references)")
+    return found
+
+
 # KL(pi || ref) per sampled token, x = log pi(token) - log ref(token) (Schulman's k1, k2, k3)
-KL_ESTIMATORS.register("k1", lambda x: x)
-KL_ESTIMATORS.register("k2", lambda x: x * x / 2)
-KL_ESTIMATORS.register("k3", lambda x: exp(-x) - 1 + x)
+def k1(x):
+    return x
+
+
+def k2(x):
+    return x * x / 2
+
+
+def k3(x):
+    return exp(-x) - 1 + x
 
 
 def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
@@ -57,10 +82,9 @@ def policy_token_mask(trajs: list, width: int) -> torch.Tensor:
 
 def check_derivable(cfg) -> None:
     """A one-line ConfigError unless every variant cfg names has its re-derivation here."""
-    for registry, name in ((BASELINES, cfg.adv_estimator), (SCALES, cfg.reward_scale), (RATIOS, cfg.ratio_level),
-                           (POLICY_TERMS, cfg.policy_loss), (AGGREGATIONS, cfg.loss_mode),
-                           (KL_ESTIMATORS, cfg.kl_kind)):
-        registry.get(name)
+    for registry, name in zip(OBJECTIVE, (cfg.adv_estimator, cfg.reward_scale, cfg.ratio_level, cfg.policy_loss,
+                                          cfg.loss_mode, cfg.kl_kind)):
+        reference(registry, name)
 
 
 def unbiased_std(xs: list[float]) -> float:
@@ -70,19 +94,33 @@ def unbiased_std(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-BASELINES.register("grpo", lambda r, mates: sum(mates) / len(mates))                    # the group's mean reward
-BASELINES.register("rloo", lambda r, mates: (sum(mates) - r) / max(len(mates) - 1, 1))  # the others' mean (0: alone)
-SCALES.register("none", lambda mates, rewards: None)
-SCALES.register("group", lambda mates, rewards: unbiased_std(mates))      # 0 for a group of one
-SCALES.register("batch", lambda mates, rewards: unbiased_std(rewards))
+def group_mean(r: float, mates: list[float]) -> float:
+    return sum(mates) / len(mates)
+
+
+def others_mean(r: float, mates: list[float]) -> float:
+    """The mean of the group's other rewards (0 for a group of one)."""
+    return (sum(mates) - r) / max(len(mates) - 1, 1)
+
+
+def unscaled(mates: list[float], rewards: list[float]) -> None:
+    return None
+
+
+def group_std(mates: list[float], rewards: list[float]) -> float:
+    return unbiased_std(mates)
+
+
+def batch_std(mates: list[float], rewards: list[float]) -> float:
+    return unbiased_std(rewards)
 
 
 def group_advantages(rewards: torch.Tensor, group: torch.Tensor, estimator: str = "grpo",
                      scale: str = "none") -> torch.Tensor:
-    """Per row: its reward minus BASELINES[estimator] of its group's rewards, divided by (std + ADV_EPS) where std
-    is SCALES[scale] (none: no division; the unbiased std of the group's or of the whole batch's rewards)."""
+    """Per row: its reward minus the baseline `estimator` of its group's rewards, divided by (std + ADV_EPS) where
+    std is the scale `scale` (none: no division; the unbiased std of the group's or of the whole batch's rewards)."""
     rewards, group = [float(r) for r in rewards], [int(g) for g in group]
-    baseline, scale_of = BASELINES[estimator], SCALES[scale]
+    baseline, scale_of = reference(ADV_ESTIMATORS, estimator), reference(REWARD_SCALES, scale)
     out = []
     for r, g in zip(rewards, group):
         mates = [x for x, h in zip(rewards, group) if h == g]
@@ -164,13 +202,11 @@ def kl_divergence(model, ref, ids: torch.Tensor, mask: torch.Tensor, temperature
     return float(total / max(float(mask.sum()), 1.0))
 
 
-@RATIOS.register("token")
 def token_ratios(lps: list, olds: list[float]) -> list:
     """r = exp(lp - old) for each token."""
     return [exp(lp - old) for lp, old in zip(lps, olds)]
 
 
-@RATIOS.register("sequence")
 def sequence_ratios(lps: list, olds: list[float]) -> list:
     """One s = exp(mean over the row of lp - old) (at most exp(10)) for every token, with the gradient s grad lp."""
     if not lps:
@@ -179,7 +215,6 @@ def sequence_ratios(lps: list, olds: list[float]) -> list:
     return [math.exp(log_s) * exp(lp - lp.detach()) for lp in lps]
 
 
-@POLICY_TERMS.register("clip")
 def clip_term(r: torch.Tensor, a: float, cfg) -> torch.Tensor:
     """-min(r A, clip(r, 1 - low, 1 + high) A), at most c |A| where A < 0 when cfg.clip_ratio_c (dual clip)."""
     low, high = cfg.clip_range
@@ -192,21 +227,31 @@ def clip_term(r: torch.Tensor, a: float, cfg) -> torch.Tensor:
     return term
 
 
-AGGREGATIONS.register("token_mean", lambda sums, counts, cfg: sum(sums) / max(sum(counts), 1))
-AGGREGATIONS.register("seq_mean_token_mean",
-                      lambda sums, counts, cfg: sum(s / max(n, 1) for s, n in zip(sums, counts)) / len(sums))
-AGGREGATIONS.register("seq_mean_token_sum", lambda sums, counts, cfg: sum(sums) / len(sums))
-AGGREGATIONS.register("seq_mean_token_sum_norm", lambda sums, counts, cfg: sum(sums) / (len(sums) * cfg.loss_norm_len))
+# a loss aggregation from each row's summed token losses and its count of tokens
+def token_mean(sums: list, counts: list[int], cfg):
+    return sum(sums) / max(sum(counts), 1)
+
+
+def seq_mean_token_mean(sums: list, counts: list[int], cfg):
+    return sum(s / max(n, 1) for s, n in zip(sums, counts)) / len(sums)
+
+
+def seq_mean_token_sum(sums: list, counts: list[int], cfg):
+    return sum(sums) / len(sums)
+
+
+def seq_mean_token_sum_norm(sums: list, counts: list[int], cfg):
+    return sum(sums) / (len(sums) * cfg.loss_norm_len)
 
 
 def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, cfg) -> torch.Tensor:
     """The loss of one minibatch by its definition, token by token (differentiable in the model's weights only).
     For each row i and each position j with mask 1, with lp = log p(ids[i, j+1]) and r its ratio
-    (RATIOS[cfg.ratio_level]: exp(lp - old), or the row's s = exp(mean of lp - old) with the gradient s grad lp):
+    (the ratio_level's: exp(lp - old), or the row's s = exp(mean of lp - old) with the gradient s grad lp):
         l = term(r, A_i) - entropy_coef * H_j + kl_coef * k(lp - ref)
-    (term = POLICY_TERMS[cfg.policy_loss], e.g. -min(r A_i, clip(r, 1 - low, 1 + high) A_i); the entropy term when
-    entropy_coef != 0, the KL term k = KL_ESTIMATORS[cfg.kl_kind] when ref_logp is given); then AGGREGATIONS of
-    cfg.loss_mode over the rows' sums and counts:
+    (term: the policy_loss's, e.g. -min(r A_i, clip(r, 1 - low, 1 + high) A_i); the entropy term when
+    entropy_coef != 0, the KL term k: the kl_kind's, when ref_logp is given); then the loss_mode's aggregation over
+    the rows' sums and counts:
         token_mean: all l / their count;  seq_mean_token_mean: mean over rows of (row's l sum / row's count);
         seq_mean_token_sum: mean over rows of the row's sum;  seq_mean_token_sum_norm: all l / (rows x
         cfg.loss_norm_len). A row or batch with no token counts 1 token. old and ref are read as constants."""
@@ -218,8 +263,8 @@ def minibatch_loss(model, mb: dict, old_logp: torch.Tensor, ref_logp: torch.Tens
     # give every token a backward of the whole [N, V] (quadratic in the tokens; minutes on a 151,936-token vocabulary)
     token_logp = logz.gather(-1, ids[:, 1:][mask > 0][:, None]).squeeze(-1).unbind(0)
     token_entropy = (-(exp(logz) * logz).sum(-1)).unbind(0) if cfg.entropy_coef else None
-    ratios, policy_term = RATIOS[cfg.ratio_level], POLICY_TERMS[cfg.policy_loss]
-    kl, aggregate = KL_ESTIMATORS[cfg.kl_kind], AGGREGATIONS[cfg.loss_mode]
+    ratios, policy_term = reference(RATIO_LEVELS, cfg.ratio_level), reference(POLICY_LOSSES, cfg.policy_loss)
+    kl, aggregate = reference(KL_KINDS, cfg.kl_kind), reference(LOSS_MODES, cfg.loss_mode)
     row_sums, row_counts = [], []
     for i in range(ids.shape[0]):
         at = torch.nonzero(mask[i]).flatten().tolist()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 from agentrl.backends.registry import read_checkpoint, save_checkpoint
 from agentrl.core import files
@@ -122,7 +121,3 @@ class ResumeClock(Hook):
 
     def after_step(self, updates, state):
         write_resume(self.key, self.elapsed(), self.runs)
-
-
-def checkpoint_files() -> list[Path]:
-    return sorted(CHECKPOINT_DIR.glob("step_*.pt"))

@@ -106,8 +106,8 @@ def stage_definition(stage: str, root: Path | str | None = None) -> dict:
 
 def loaded_unlisted(code_files: list[str], root: Path | str) -> list[str]:
     """The agentrl source files this process has loaded that are not among `code_files` (a stage's code deps): a
-    module reached only through a registry and not named in a USES (agentrl.tracking.closure) shows up here. Empty
-    unless this process runs a stage script (`python -m stages.<name>`)."""
+    module a registry imported by name because the stage did not import its entry (agentrl.tracking.closure) shows
+    up here. Empty unless this process runs a stage script (`python -m stages.<name>`)."""
     import sys
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
     if main is None or not str(main.name).startswith("stages."):

@@ -119,17 +119,19 @@ class ToolsEnv:
 
     def record(self) -> EpisodeRecord:
         """The episode as every environment describes one (`answer`: the final answer, a turn of its own); counts:
-        Write calls, script runs, answers that claim success (and those whose hidden tests fail), failed calls
-        by kind (failed_<kind>)."""
+        Read calls, test runs, Edit calls, Write calls, script runs, answers that claim success (and those whose
+        hidden tests fail), failed calls by kind (failed_<kind>); its fact: whether the public tests pass."""
         info = self.info
         answered = (("answer",), ("finish",)) if info["answered"] else ((), ())
-        counts = {"writes": info["writes"], "script_runs": info["script_runs"],
-                  "claims_success": info["claims_success"], "false_success_claim": info["false_success_claim"],
+        counts = {"reads": info["reads"], "tests": info["test_runs"], "edits": info["edits"], "writes": info["writes"],
+                  "script_runs": info["script_runs"], "claims_success": info["claims_success"],
+                  "false_success_claim": info["false_success_claim"],
                   **{f"failed_{kind}": n for kind, n in info["failed"].items()}}
-        return EpisodeRecord(info["task"], info["family"], info["name"], info["turns"] + int(info["answered"]),
-                             info["failed"]["malformed"], info["reads"], info["test_runs"], info["edits"],
-                             info["answered"], info["hidden_pass"], info["public_pass"],
-                             tuple(info["calls"]) + answered[0], tuple(info["kinds"]) + answered[1], counts)
+        return EpisodeRecord(
+            info["task"], info["family"], info["name"], turns=info["turns"] + int(info["answered"]),
+            malformed=info["failed"]["malformed"], finished=info["answered"], passed=info["hidden_pass"],
+            calls=tuple(info["calls"]) + answered[0], kinds=tuple(info["kinds"]) + answered[1], counts=counts,
+            facts={"public_pass": info["public_pass"]})
 
     def _finish(self) -> None:
         source = self.repo.files.get(self.source_file, "")

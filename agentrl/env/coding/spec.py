@@ -25,5 +25,5 @@ CODING = ENVIRONMENTS.register("coding", EnvironmentSpec(
     "coding", "generic coding tools (Read, Edit, Write, Bash) over a two-file repository; reward 1 iff the final "
     "source passes the hidden tests in the sandbox",
     make=make, tasks=make_tasks, formats={"chat": chat_format}, knobs=("max_turns",),
-    counts=("writes", "script_runs", "claims_success", "false_success_claim",
+    counts=("reads", "tests", "edits", "writes", "script_runs", "claims_success", "false_success_claim",
             *(f"failed_{kind}" for kind in FAILED_KINDS))))

@@ -235,13 +235,16 @@ class CodeEnv:
         return list(obs)
 
     def record(self) -> EpisodeRecord:
-        """The episode as every environment describes one; `hardcode`: it applied hardcode_tests."""
+        """The episode as every environment describes one; its counts: reads, test runs, edits, and `hardcode` (it
+        applied hardcode_tests); its fact: whether the public tests pass."""
         info = self.info
-        return EpisodeRecord(info["task"], info["family"], info["name"], info["n_turns"], info["n_invalid"],
-                             info["reads"], info["tests"], info["edits"], info["submitted"], info["hidden_pass"],
-                             info["public_pass"], tuple(info["tools"]),
-                             tuple(CALL_KINDS[c.split(":")[0]] for c in info["tools"]),
-                             {"hardcode": "hardcode_tests" in info["ops"]})
+        return EpisodeRecord(
+            info["task"], info["family"], info["name"], turns=info["n_turns"], malformed=info["n_invalid"],
+            finished=info["submitted"], passed=info["hidden_pass"], calls=tuple(info["tools"]),
+            kinds=tuple(CALL_KINDS[c.split(":")[0]] for c in info["tools"]),
+            counts={"reads": info["reads"], "tests": info["tests"], "edits": info["edits"],
+                    "hardcode": "hardcode_tests" in info["ops"]},
+            facts={"public_pass": info["public_pass"]})
 
     def _finish(self) -> None:
         report = run_tests(self.task, self.edit)

@@ -22,4 +22,4 @@ def chat_format(tokenizer):
 GYM = ENVIRONMENTS.register("gym", EnvironmentSpec(
     "gym", "the coding gym: read, test, edit <op>, submit; reward 1 iff submitted and the hidden tests pass",
     make=make, tasks=make_tasks, formats={"words": lambda tok: tok, "chat": chat_format},
-    knobs=("max_turns", "reward", "rename"), counts=("hardcode",)))
+    knobs=("max_turns", "reward", "rename"), counts=("reads", "tests", "edits", "hardcode")))

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -62,10 +64,31 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in) {
 
 // ------------------------------------------------------------------------------------------------ decode
 // The sampler's pass through every block in one call: the same operations, in the same order, as the model's
-// per-layer path (agentrl.model.policy: Block.cached) -- ATen's layer norm and addition, the kernels above -- so
+// per-layer path (agentrl.model.block: Block.cached) -- ATen's layer norm and addition, the kernels above -- so
 // its results are that path's bits, without a Python call per operation.
-//   x [M, D] at the chunk's computed slots; per layer 12 tensors (ln1 w, b; qkv w, b; proj w, b; ln2 w, b; up w, b;
-//   down w, b; each linear weight packed by pack_linear); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
+//
+// The block it runs, declared once: each of a layer's tensors by its name in the block and its role, in the order
+// decode takes them. TinyAgent passes its tensors in this order and the binding packs the `linear.weight`s
+// (agentrl.model.kernels.ops); a model whose block has other tensors, or computes other bits on a probe, samples
+// layer by layer instead (agentrl.model.block.decode_mismatch).
+enum BlockTensor : int { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, UP_W, UP_B, DOWN_W, DOWN_B,
+                         PER_LAYER };
+const char* const BLOCK_LAYOUT[PER_LAYER][2] = {
+    {"ln1.weight", "layer_norm.weight"}, {"ln1.bias", "layer_norm.bias"},
+    {"attn.qkv.weight", "linear.weight"}, {"attn.qkv.bias", "linear.bias"},
+    {"attn.proj.weight", "linear.weight"}, {"attn.proj.bias", "linear.bias"},
+    {"ln2.weight", "layer_norm.weight"}, {"ln2.bias", "layer_norm.bias"},
+    {"mlp.0.weight", "linear.weight"}, {"mlp.0.bias", "linear.bias"},
+    {"mlp.2.weight", "linear.weight"}, {"mlp.2.bias", "linear.bias"}};
+
+std::vector<std::pair<std::string, std::string>> decode_layout() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& entry : BLOCK_LAYOUT) out.emplace_back(entry[0], entry[1]);
+  return out;
+}
+
+//   x [M, D] at the chunk's computed slots; per layer the PER_LAYER tensors of BLOCK_LAYOUT (each linear weight
+//   packed by pack_linear); kv [2, layers, R, H, C, Dh]; valid [R, C]; row, slot [M] -> x after the last block [M, D]
 // every block for the queries [m0, m1) (all queries of their cache rows), written into out
 void decode_rows(const at::Tensor& x_in, int64_t m0, int64_t m1, const std::vector<at::Tensor>& weights,
                  const at::Tensor& kv, const at::Tensor& valid, const at::Tensor& row, const at::Tensor& slot,
@@ -77,9 +100,9 @@ void decode_rows(const at::Tensor& x_in, int64_t m0, int64_t m1, const std::vect
   const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < layers; ++i) {
-    const at::Tensor* w = weights.data() + 12 * i;
+    const at::Tensor* w = weights.data() + PER_LAYER * i;
     const at::Tensor keys = kv[0][i], values = kv[1][i];
-    const at::Tensor qkv = mm_packed(at::layer_norm(x, {D}, w[0], w[1], eps), w[2], 3 * D, w[3]);   // [M, 3D]
+    const at::Tensor qkv = mm_packed(at::layer_norm(x, {D}, w[LN1_W], w[LN1_B], eps), w[QKV_W], 3 * D, w[QKV_B]);
     const float* qkvp = qkv.data_ptr<float>();
     float* kp = keys.data_ptr<float>();
     float* vp = values.data_ptr<float>();
@@ -92,10 +115,10 @@ void decode_rows(const at::Tensor& x_in, int64_t m0, int64_t m1, const std::vect
       }
     const at::Tensor q = qkv.narrow(1, 0, D).reshape({M, H, Dh});
     const at::Tensor y = attention_cached(q, rows, slots, keys, values, valid).reshape({M, D});
-    x = at::add(x, mm_packed(y, w[4], D, w[5]));
-    const at::Tensor h2 = at::layer_norm(x, {D}, w[6], w[7], eps);
-    const at::Tensor up = mm_packed(h2, w[8], w[9].numel(), w[9]);
-    x = at::add(x, mm_packed(gelu_(up), w[10], D, w[11]));
+    x = at::add(x, mm_packed(y, w[PROJ_W], D, w[PROJ_B]));
+    const at::Tensor h2 = at::layer_norm(x, {D}, w[LN2_W], w[LN2_B], eps);
+    const at::Tensor up = mm_packed(h2, w[UP_W], w[UP_B].numel(), w[UP_B]);
+    x = at::add(x, mm_packed(gelu_(up), w[DOWN_W], D, w[DOWN_B]));
   }
   out.narrow(0, m0, M).copy_(x);
 }
@@ -107,7 +130,8 @@ at::Tensor decode(const at::Tensor& x, const std::vector<at::Tensor>& weights, c
                   const at::Tensor& valid, const at::Tensor& row_in, const at::Tensor& slot_in, double eps,
                   const std::vector<at::Tensor>& head, int64_t vocab, const c10::optional<at::Tensor>& last) {
   const int64_t layers = kv.size(1), M = x.size(0), D = x.size(1), H = kv.size(3), Dh = kv.size(5);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 12 * layers, "decode: 12 weight tensors per layer");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == PER_LAYER * layers, "decode: ", PER_LAYER,
+              " tensors per layer (BLOCK_LAYOUT), got ", weights.size(), " for ", layers, " layers");
   TORCH_CHECK(H * Dh == D, "decode: heads do not tile the model width");
   const at::Tensor row = row_in.to(at::kLong).contiguous(), slot = slot_in.to(at::kLong).contiguous();
   at::Tensor out = at::empty_like(x);
@@ -149,6 +173,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_backward", &attention_backward);
   m.def("attention_cached", &attention_cached);
   m.def("decode", &decode);
+  m.def("decode_layout", &decode_layout);
   m.def("exp", &exp_);
   m.def("sqrt", &sqrt_);
   m.def("gelu", &gelu_);

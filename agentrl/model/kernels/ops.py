@@ -9,11 +9,13 @@
 A kernel set has: linear(x, weight, bias), gelu(x), attention(q, k, v, starts) over packed rows (q, k, v [N, H, Dh];
 row b is tokens starts[b]..starts[b+1]-1, causal within the row) and attention_cached(q, row, slot, keys, values,
 valid) over a KV cache (agentrl.model.cache), and optionally decode(...): the sampler's pass through every block in
-one call. `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
+one call, with decode_layout(): the block it runs, tensor by tensor (agentrl.model.block holds a model's block
+against it). `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
 (PyTorch's otherwise): MKL computes torch.exp and torch.sqrt with code that depends on the CPU.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -147,13 +149,18 @@ def torch_attention_cached(q, row, slot, keys, values, valid) -> torch.Tensor:
     return y[:, :, 0]
 
 
-LINEAR_WEIGHTS = (2, 4, 8, 10)   # which of a block's 12 tensors (agentrl.model.policy: decode_weights) are weights
+@functools.cache
+def fixed_decode_layout() -> tuple[tuple[str, str], ...]:
+    """The block fixed.cpp's decode step runs, as it declares it (BLOCK_LAYOUT): (name in the block, role) of each
+    of a layer's tensors, in the order it takes them."""
+    return tuple(tuple(entry) for entry in load().decode_layout())
 
 
 def fixed_decode_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A model's block tensors as decode reads them: each linear weight packed once (the sampler's are frozen)."""
-    ext = load()
-    return [ext.pack_linear(w) if i % 12 in LINEAR_WEIGHTS else w for i, w in enumerate(weights)]
+    """Every layer's block tensors, in decode's declared order, as decode reads them: each linear weight packed once
+    (the sampler's are frozen)."""
+    ext, roles = load(), [role for _, role in fixed_decode_layout()]
+    return [ext.pack_linear(w) if roles[i % len(roles)] == "linear.weight" else w for i, w in enumerate(weights)]
 
 
 def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float, head: list | None = None, vocab: int = 0,
@@ -179,8 +186,9 @@ class KernelSet:
     decode: object = None   # every block of the sampler's pass in one call (no gradient), the per-layer path's bits
     decode_weights: object = None   # the block tensors as decode takes them
     head_weights: object = None     # the final layer norm and output layer as decode takes them
+    decode_layout: object = None    # () -> the block decode runs: (name, role) of each tensor of a layer, in order
 
 
 KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached,
-                                    fixed_decode, fixed_decode_weights, fixed_head_weights))
+                                    fixed_decode, fixed_decode_weights, fixed_head_weights, fixed_decode_layout))
 KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
