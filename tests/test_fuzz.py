@@ -586,3 +586,141 @@ def test_an_ending_signal_at_any_moment(ws):
             assert db.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0] == 0
     run()
     STATS["signal stage select"]["seconds"] = round(time.time() - t0)
+
+
+# ---------------------------------------------------------------- a refused param under DVC itself
+
+@pytest.fixture(scope="module")
+def dvc_repo(tmp_path_factory):
+    """A git + DVC repository: the real `tasks` stage and a stage reading its output, built and committed."""
+    from test_restore import DVC, built_repo
+    root = tmp_path_factory.mktemp("dvcfuzz") / "repo"
+    return root, built_repo(root, root.parent / "mlflow.db"), DVC
+
+
+FAMILIES = yaml.safe_load((REPO / "params.yaml").read_text())["tasks"]["families"]
+
+
+def test_a_refused_param_under_dvc_repro_and_dvc_exp_run(dvc_repo):
+    """Any value of a stage's param, set in params.yaml for `dvc repro` or with `dvc exp run -S`: the stage runs, or
+    it refuses in one line and the workspace is as it was (every output the same bytes, `dvc status` naming only the
+    param)."""
+    from test_restore import _run, _tree
+    root, env, dvc = dvc_repo
+    before = _tree(root)
+    t0 = time.time()
+
+    @settings(max_examples=max(3, BUDGET // 3), deadline=None, database=None, derandomize=BUDGET <= 15,
+              suppress_health_check=list(HealthCheck))
+    @given(value=st.one_of(VALUES, st.lists(st.sampled_from(FAMILIES + ["nope", ""]), max_size=3)),
+           how=st.sampled_from(["repro", "exp run"]))
+    def run(value, how):
+        _run(["git", "checkout", "-q", "--", "."], root, env)
+        _run([dvc, "checkout", "-q", "--force"], root, env)
+        assert _tree(root) == before
+        if how == "repro":
+            params = yaml.safe_load((root / "params.yaml").read_text())
+            params["tasks"]["families"] = value
+            (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True))
+            args = [dvc, "repro"]
+        else:
+            text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("...")
+            args = [dvc, "exp", "run", "-S", f"tasks.families={text.strip()}"]
+        out = _run(args, root, env, check=False)
+        STATS.setdefault(f"dvc {how} param", Counter())[f"exit {out.returncode}"] += 1
+        assert "Traceback" not in out.stderr and "unexpected" not in out.stderr, out.stderr[-2000:]
+        if out.returncode == 0:
+            return   # accepted: the stages ran
+        ours = [line for line in out.stderr.splitlines() if line.startswith(("error:", "warning:"))]
+        assert len(ours) <= 1 and all("tasks.families" in line for line in ours), out.stderr[-2000:]
+        assert _tree(root) == before
+        status = json.loads(_run([dvc, "status", "--json"], root, env).stdout)
+        assert status in ({}, {"tasks": [{"changed deps": {"params.yaml": {"tasks": "modified"}}}]}), status
+    run()
+    _run(["git", "checkout", "-q", "--", "."], root, env)
+    STATS.setdefault("dvc repro param", Counter())["seconds"] = round(time.time() - t0)
+
+
+# ---------------------------------------------------------------- a signal at every phase of run creation
+
+RUN_EXISTS = {"create", "created", "params"}   # held from the run's creation on: the signal acts once it exists
+
+
+@pytest.mark.parametrize("phase", ["provenance", "probe", "store", "orphans", "create", "created", "params"])
+def test_a_signal_at_every_phase_of_run_creation(tmp_path, store_template, phase):
+    """SIGHUP, SIGTERM and SIGINT while a stage's run is being created, held at each phase in turn: the stage ends
+    with the signal's code and its line, and the store holds no RUNNING run (none, or one KILLED saying why)."""
+    import sqlite3
+
+    from test_boundary import _make_probe_project
+    from test_run_lifecycle import ENDING, STAGE, signal_at
+
+    from agentrl.tracking.run import PHASES
+    assert phase in PHASES
+    root = _make_probe_project(tmp_path)
+    (root / "stage.py").write_text(STAGE.replace("REPO", repr(str(REPO))))
+    t0 = time.time()
+    for sig, (code, reason) in ENDING.items():
+        db = tmp_path / f"{signal.Signals(sig).name}.db"
+        shutil.copy(store_template, db)
+        got, lines = signal_at(root, f"sqlite:///{db}", phase, sig, hold=1.5)
+        STATS.setdefault(f"signal at {phase}", Counter())[f"exit {got}"] += 1
+        assert got == code and lines[-1] == f"error: probe: {reason}" and len(lines) == 2, (phase, sig, lines)
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            rows = con.execute("select status from runs").fetchall()
+            tags = dict(con.execute("select key, value from tags where key = 'killed_reason'").fetchall())
+        assert rows == ([("KILLED",)] if phase in RUN_EXISTS else []), (phase, sig, rows)
+        assert not rows or tags["killed_reason"] == f"probe: {reason}"
+    STATS[f"signal at {phase}"]["seconds"] = round(time.time() - t0)
+
+
+# ---------------------------------------------------------------- model directories, a file at a time
+
+MODEL_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+DAMAGE = ["missing", "empty", "cut", "garbage", "directory"]
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_model_directories_missing_or_damaging_each_file(ws, tmp_path_factory, name):
+    """A lab whose model directory lacks one file, or holds it empty, cut short, as garbage or as a directory (each
+    kind, each example): the lab stage's early check refuses it in one line naming the directory, exit 2, before
+    torch or anything written (tests/test_model_dir.py: never reading the weights). A template cut where it still
+    renders, or garbage that is one, may pass: then the check has nothing to say."""
+    from test_model_dir import tiny_model_dir
+
+    from agentrl.core.boundary import guard
+    from agentrl.pipeline import early
+    root, env, pristine = ws
+    base = tmp_path_factory.mktemp("models")
+    t0 = time.time()
+
+    @settings(max_examples=max(3, BUDGET // 3), deadline=None, database=None, derandomize=BUDGET <= 15,
+              suppress_health_check=list(HealthCheck))
+    @given(cut=st.integers(0, 10_000), garbage=st.binary(max_size=64))
+    def run(cut, garbage):
+        for how in DAMAGE:
+            restore(root, pristine)
+            model = tiny_model_dir(base / f"m{len(list(base.iterdir()))}")
+            data = (model / name).read_bytes()
+            (model / name).unlink()
+            if how == "directory":
+                (model / name).mkdir()
+            elif how != "missing":
+                (model / name).write_bytes({"empty": b"", "cut": data[:cut % max(1, len(data))],
+                                            "garbage": garbage}[how])
+            raw = yaml.safe_load((pristine / "params.yaml").read_text())
+            raw["lab"]["configs"]["x"] = {"model": str(model)}
+            (root / "params.yaml").write_text(yaml.safe_dump(raw))
+            before, err = files(root), io.StringIO()
+            with inside(root, env), contextlib.redirect_stderr(err):
+                code = guard("lab@x", early._check, "lab", "x", "params.yaml")
+            if code == 0:   # a directory the format can drive after all: only a template cut or replaced may be one
+                STATS.setdefault(f"model dir {name}", Counter())[f"{how}: passed"] += 1
+                assert name == "chat_template.jinja" and how in ("cut", "garbage"), (name, how)
+                continue
+            STATS.setdefault(f"model dir {name}", Counter())[f"{how}: exit {code}"] += 1
+            lines = [line for line in err.getvalue().splitlines() if not line.startswith("warning:")]
+            assert code == 2 and len(lines) == 1 and lines[0].startswith("error: lab.configs.x.model: "), lines
+            assert str(model) in lines[0] and "lab@x: unexpected" not in lines[0] and before == files(root)
+    run()
+    STATS[f"model dir {name}"]["seconds"] = round(time.time() - t0)

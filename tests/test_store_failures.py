@@ -3,6 +3,7 @@ file store), a store locked by another writer (waited for a bounded time, then n
 aside"), a read-only filesystem, a full disk (at the start, and mid-run)."""
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -149,3 +150,69 @@ def test_output_to_a_full_disk_is_one_line_and_exit_1():
     assert out.returncode == 1 and out.stderr.strip().splitlines() == [
         "error: agentrl envcheck: cannot write its output: No space left on device; free space on that filesystem "
         "and run again"], out.stderr
+
+
+def test_a_store_path_through_a_file_or_a_missing_directory_is_refused_not_invented(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    cases = [(tmp_path / "afile" / "x" / "mlflow.db", f"{tmp_path / 'afile'} is a file, not a directory"),
+             (tmp_path / "does" / "not" / "exist" / "mlflow.db",
+              f"the directory {tmp_path / 'does' / 'not' / 'exist'} does not exist"),
+             (tmp_path, f"{tmp_path} is a directory, not a database file")]
+    for db, fragment in cases:
+        for write in (True, False):
+            t0 = time.time()
+            with pytest.raises(StoreError) as err:
+                probe(f"sqlite:///{db}", write=write)
+            text = str(err.value)
+            assert text.startswith(f"MLflow tracking store {db}: {fragment}") and "\n" not in text, text
+            assert time.time() - t0 < 1
+        with pytest.raises(StoreError, match="does not exist|is a file|is a directory"):
+            store._client(f"sqlite:///{db}")   # a caller that did not probe is refused as well
+    assert not (tmp_path / "does").exists()   # nothing created on the way
+
+
+NEW_STORE_STAGE = """
+import sys
+sys.path.insert(0, REPO)
+from agentrl.pipeline.stage import run_stage
+run_stage("probe", ["select"], ["data/in.json"], lambda ctx: None, numeric=False)
+"""
+
+
+@pytest.mark.slow   # a stage subprocess each
+@pytest.mark.parametrize("where", ["through-a-file", "missing-directory", "new-default"])
+def test_a_stage_refuses_a_store_path_it_would_have_to_invent_and_creates_only_where_pointed(tmp_path, where):
+    from test_boundary import _make_probe_project
+    root = _make_probe_project(tmp_path)
+    (tmp_path / "stage.py").write_text(NEW_STORE_STAGE.replace("REPO", repr(str(REPO))))
+    (tmp_path / "afile").write_text("x")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AGENTRL_"))}
+    env["DVC_ROOT"] = str(root)
+    db = {"through-a-file": tmp_path / "afile" / "x" / "mlflow.db",
+          "missing-directory": tmp_path / "does" / "not" / "exist" / "mlflow.db"}.get(where)
+    if db is not None:
+        env["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
+    t0 = time.time()
+    out = subprocess.run([sys.executable, str(tmp_path / "stage.py")], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    if db is None:   # the default store, sqlite:///mlflow.db in the project root, does not exist yet
+        assert out.returncode == 0 and lines == [f"warning: MLflow tracking store {root / 'mlflow.db'} did not "
+                                                 "exist: created it, empty"], out.stderr
+        assert (root / "mlflow.db").is_file()
+        return
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: MLflow tracking store {db}: ")
+    assert time.time() - t0 < 30 and not (tmp_path / "does").exists() and not (root / "mlflow.db").exists()
+
+
+def test_the_early_check_of_a_stage_refuses_the_store_before_torch(tmp_path, monkeypatch):
+    """stages/__init__.py's check probes the store too: a store path through a file is refused before the stage
+    module imports torch (a numeric stage's seconds), by the same line."""
+    from agentrl.pipeline import early
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'afile' / 'mlflow.db'}")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    with pytest.raises(StoreError, match=f"{tmp_path / 'afile'} is a file, not a directory"):
+        early._check("tasks", None, str(REPO / "params.yaml"))
+    monkeypatch.setenv("AGENTRL_TRACKING_DEFER", str(tmp_path / "kept"))   # a sweep worker: no store to probe
+    early._check("tasks", None, str(REPO / "params.yaml"))

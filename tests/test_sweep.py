@@ -181,9 +181,11 @@ def _mini_project(root: Path) -> Path:
 def test_a_deferred_run_is_replayed_into_the_store(tmp_path, monkeypatch):
     """A worker records its run (no store reachable); the driver replays it: one FINISHED run with the worker's
     params, metrics, tags and artifacts plus the sweep tag, and the provenance record naming the new run id."""
+    from agentrl.tracking import deferred
     from agentrl.tracking import run as runs
     worker, driver = _mini_project(tmp_path / "worker"), _mini_project(tmp_path / "driver")
     db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()   # a new store, where the user pointed: in a directory that exists
     monkeypatch.chdir(worker)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db.as_posix()}")
     monkeypatch.delenv("DVC_ROOT", raising=False)
@@ -196,7 +198,7 @@ def test_a_deferred_run_is_replayed_into_the_store(tmp_path, monkeypatch):
         handle.log_artifact(worker / "out.txt")
     assert not db.exists(), "a deferred run touched the store"
     monkeypatch.delenv(runs.DEFER_ENV)
-    run_id = runs.replay_run(tmp_path / "recorded", {"sweep": "sweep-x"}, root=driver)
+    run_id = deferred.replay_run(tmp_path / "recorded", {"sweep": "sweep-x"}, root=driver)
     from mlflow.tracking import MlflowClient
     client = MlflowClient(f"sqlite:///{db.as_posix()}")
     got = client.get_run(run_id)

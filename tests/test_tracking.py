@@ -224,20 +224,45 @@ def _start_sleeper(project):
     return p
 
 
-@pytest.mark.slow   # two stage subprocesses, killed
-def test_sigterm_marks_killed_and_sigkill_is_closed_by_the_next_run(project):
+def _watchers(p) -> list[int]:
+    """The watcher processes a stage process started (agentrl.tracking.watch): its children."""
+    text = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text()
+    return [int(pid) for pid in text.split()]
+
+
+def _wait_status(uri, n: int, seconds: float = 60) -> list[str]:
+    """The runs' statuses once none is RUNNING (or after `seconds`)."""
+    deadline = time.time() + seconds
+    while True:
+        statuses = sorted(r.info.status for r in _runs(uri))
+        if len(statuses) == n and "RUNNING" not in statuses or time.time() > deadline:
+            return statuses
+        time.sleep(0.3)
+
+
+@pytest.mark.slow   # stage subprocesses, killed
+def test_sigterm_marks_killed_and_sigkill_is_closed_by_the_watcher_or_the_next_run(project):
     p = _start_sleeper(project)
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=30)
     assert [r.info.status for r in _runs(project.uri)] == ["KILLED"]
     p = _start_sleeper(project)
+    p.kill()   # SIGKILL: the stage closes nothing; its watcher does
+    p.wait(timeout=30)
+    assert _wait_status(project.uri, 2) == ["KILLED", "KILLED"]
+    killed = [r for r in _runs(project.uri) if "watcher" in r.data.tags.get("killed_reason", "")]
+    assert len(killed) == 1 and killed[0].data.tags["mlflow.note.content"] == killed[0].data.tags["killed_reason"]
+    p = _start_sleeper(project)
+    for pid in _watchers(p):   # the watcher killed too (a machine going down): the next run closes it
+        os.kill(pid, signal.SIGKILL)
     p.kill()
     p.wait(timeout=30)
-    assert sorted(r.info.status for r in _runs(project.uri)) == ["KILLED", "RUNNING"]   # SIGKILL: nobody closed it
+    time.sleep(1)
+    assert sorted(r.info.status for r in _runs(project.uri)) == ["KILLED", "KILLED", "RUNNING"]
     with runs.stage_run("train", {"run": {"threads": 1}}, ["data/tasks.json"], 1) as run:
         assert len(run.previous_runs) == 1
     statuses = sorted(r.info.status for r in _runs(project.uri))
-    assert statuses == ["FINISHED", "KILLED", "KILLED"]
+    assert statuses == ["FINISHED", "KILLED", "KILLED", "KILLED"]
 
 
 CRASHER = """
@@ -248,22 +273,39 @@ from agentrl.tracking.run import stage_run
 
 def crash():
     with stage_run("ablate@kl-0", {"run": {"threads": 1}}, ["data/tasks.json"], 1):
+        if KILL_WATCHER:   # a crash that takes the watcher down too
+            me = os.getpid()
+            for pid in open(f"/proc/{me}/task/{me}/children").read().split():
+                os.kill(int(pid), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGSEGV)   # a fatal signal: no Python code runs after it
 
 guard("ablate@kl-0", crash)
 """
 
 
-@pytest.mark.slow   # a stage subprocess that dies of SIGSEGV
-def test_a_crashed_stage_is_closed_by_the_next_run_of_any_stage(project):
+def _crash(project, kill_watcher: bool):
     graph = yaml.safe_load((project.root / "dvc.yaml").read_text())
     graph["stages"]["ablate"] = {"matrix": {"arm": ["kl"], "seed": [0]}, "cmd": "python -m stages.ablate",
                                  "deps": ["agentrl/__init__.py"], "params": ["run"], "outs": ["ablate.txt"]}
     (project.root / "dvc.yaml").write_text(yaml.safe_dump(graph))    # a second stage, the one that crashes
-    p = subprocess.run([sys.executable, "-c", CRASHER.replace("REPO", repr(str(REPO)))], cwd=project.root,
-                       capture_output=True, text=True, timeout=120)
+    script = CRASHER.replace("REPO", repr(str(REPO))).replace("KILL_WATCHER", repr(kill_watcher))
+    p = subprocess.run([sys.executable, "-c", script], cwd=project.root, capture_output=True, text=True, timeout=120)
     assert p.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in p.stderr   # faulthandler: the crash is named, not silent
+
+
+@pytest.mark.slow   # a stage subprocess that dies of SIGSEGV
+def test_a_crashed_stage_is_closed_by_its_watcher(project):
+    _crash(project, kill_watcher=False)
+    assert _wait_status(project.uri, 1) == ["KILLED"]
+    (run,) = _runs(project.uri)
+    assert run.data.tags["killed_reason"].startswith("the stage's process ended without closing its run")
+
+
+@pytest.mark.slow   # a stage subprocess that dies of SIGSEGV
+def test_a_crashed_stage_is_closed_by_the_next_run_of_any_stage(project):
+    _crash(project, kill_watcher=True)
+    time.sleep(1)
     assert [r.info.status for r in _runs(project.uri)] == ["RUNNING"]
     with runs.stage_run("train", {"run": {"threads": 1}}, ["data/tasks.json"], 1) as run:
         assert run.previous_runs == []   # another stage's orphan is closed, not taken over
@@ -330,6 +372,7 @@ def _concurrent_worker(index, barrier, root, results):
 def test_concurrent_stage_runs_share_one_new_store(tmp_path, monkeypatch):
     root = _make_project(tmp_path / "proj")
     db = tmp_path / "store" / "mlflow.db"       # does not exist yet: the workers race to create it
+    db.parent.mkdir()
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.setenv("AGENTRL_PIPELINE_RUN", "concurrent")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db.as_posix()}")

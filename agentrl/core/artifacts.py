@@ -96,9 +96,37 @@ def temporary_path(path) -> Path:
 
 
 def finish_temporary(tmp: Path, path) -> None:
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise named(exc, path) from None
     with contextlib.suppress(OSError):
         tmp.parent.rmdir()
+
+
+def named(exc: OSError, path) -> OSError:
+    """A write's error as the user should read it: naming `path`, the file they know, not the temporary the bytes
+    went through (which no longer exists by the time they read the line)."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """Yield the temporary a write of `path` goes to, then rename it over `path`: the file is the old one or the new
+    one, never a part; an interrupted or refused write (a full disk, an immutable file, a signal) leaves no
+    temporary behind, and its error names `path`."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise named(exc, path) from None
+        raise
 
 
 def remove_partial(directory) -> list[Path]:
@@ -115,17 +143,12 @@ def remove_partial(directory) -> list[Path]:
 
 
 def write_bytes(path, data: bytes) -> None:
-    """Atomically: the file is the old one or the new one, never a part; an interrupted write (a full disk, a
-    signal) leaves no temporary file behind."""
+    """Atomically (`replacing`): the old file or the new one, never a part, no temporary left, errors naming
+    `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(path)
-    try:
+    with replacing(path) as tmp:
         tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def read_json(path, shape=None):

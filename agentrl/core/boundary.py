@@ -41,8 +41,9 @@ SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP: the terminal 
 _OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
               errno.EDQUOT: "free space (disk quota) and run again",
               errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
-              errno.EACCES: "check the permissions of that path", errno.EPERM: "check the permissions of that path"}
-_state = {"finished": False, "signalled": False, "guarded": False}
+              errno.EACCES: "check the permissions of that path",
+              errno.EPERM: "check the permissions and attributes of that path (ls -l, lsattr: immutable?)"}
+_state = {"finished": False, "signalled": False, "guarded": False, "holding": False, "pending": None, "ending": False}
 
 
 class Terminated(BaseException):
@@ -103,11 +104,19 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
 
 
 def _raise_signal(signum, frame):
-    """The first ending signal becomes an exception; later ones (DVC and the terminal both forward Ctrl-C) are
-    ignored while the first unwinds, so the cleanup it triggers is not itself cut short (SIGKILL still stops it)."""
+    """The first ending signal becomes an exception (inside `signals_blocked`, when the block ends); later ones (DVC
+    and the terminal both forward Ctrl-C) are ignored while the first unwinds, so the cleanup it triggers is not
+    itself cut short (SIGKILL still stops it)."""
     if _state["signalled"]:
         return
-    _state["signalled"] = True
+    if _state["holding"]:
+        _state["pending"] = _state["pending"] or signum
+        return
+    _raise_now(signum)
+
+
+def _raise_now(signum: int):
+    _state["signalled"], _state["pending"] = True, None
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
@@ -129,37 +138,52 @@ def signals_as_exceptions():
             signal.signal(sig, handler)
 
 
-def end_quietly_on_signals(name: str) -> None:
+def end_quietly_on_signals(name: str, on_end=None) -> None:
     """Until the next `guard` takes over: an ending signal prints the boundary's one line and exits with its code at
-    once. For the span between an entry point's early check and its own boundary (a stage script importing torch,
-    seconds), where nothing has been written and no run is open, and where Python's defaults would print a
-    KeyboardInterrupt traceback (SIGINT) or end silently (SIGTERM, SIGHUP, SIGQUIT)."""
+    once (after `on_end()`, with the signals held back). For the span between an entry point's early check and its
+    own boundary (a stage script importing torch, seconds), where nothing has been written and no run is open, and
+    where Python's defaults would print a KeyboardInterrupt traceback (SIGINT) or end silently (SIGTERM, SIGHUP,
+    SIGQUIT)."""
     def ended(signum, frame):
-        if _state["guarded"]:   # restored by a boundary that has finished: the outcome is decided, the exit near
+        if _state["guarded"] or _state["ending"]:   # a boundary decided the outcome, or this one is ending already
             return
+        _state["ending"] = True
+        if on_end is not None:
+            with signals_blocked(), contextlib.suppress(BaseException):
+                on_end()
         line = describe(KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum), name)[1]
         with contextlib.suppress(OSError, ValueError):
             os.write(2, f"error: {line} before it started; nothing was written\n".encode())
         os._exit(128 + signum)
-    _state["guarded"] = False
+    _state.update(guarded=False, ending=False)
     with contextlib.suppress(ValueError):   # not the main thread: the caller's handlers stay
         for sig in SIGNALS:
             signal.signal(sig, ended)
 
 
 @contextlib.contextmanager
-def signals_blocked():
-    """Hold the ending signals back while a status is recorded (so the record is never half-written); a signal
-    that arrived meanwhile is delivered when the block ends."""
+def signals_blocked(block: bool = True):
+    """Hold the ending signals back while a block runs (a run being created and taken charge of, a status
+    recorded whole): a signal that comes meanwhile acts when the block ends. Held at the system (this thread's
+    mask) and in Python (the handler only notes it: the system may hand a signal to any thread whose mask lets it
+    through, a library's among them). `block=False` lets them act for a while inside a block (a wait between two
+    attempts, a signal noted already acting at once); either way what was there before is restored."""
+    holding = _state["holding"]
+    _state["holding"] = block
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        before = signal.pthread_sigmask(signal.SIG_BLOCK if block else signal.SIG_UNBLOCK, SIGNALS)
     except (AttributeError, ValueError, OSError):   # not POSIX
-        yield
-        return
+        before = None
     try:
+        if not block and _state["pending"]:
+            _raise_now(_state["pending"])
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        _state["holding"] = holding
+        if not holding and _state["pending"] and not _state["signalled"]:
+            _raise_now(_state["pending"])
 
 
 def mark_finished() -> None:
@@ -170,7 +194,7 @@ def mark_finished() -> None:
 def guard(name: str, fn, *args, **kwargs) -> int:
     """Run fn(*args, **kwargs) inside the boundary; return its exit code (None is 0) after printing the one line a
     failure deserves (see the module doc)."""
-    _state.update(finished=False, signalled=False, guarded=True)
+    _state.update(finished=False, signalled=False, guarded=True, holding=False, pending=None, ending=False)
     if not faulthandler.is_enabled():
         with contextlib.suppress(OSError, ValueError, AttributeError, RuntimeError):
             faulthandler.enable(all_threads=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.core.artifacts import CheckpointError, finish_temporary, temporary_path
+from agentrl.core.artifacts import CheckpointError, finish_temporary, named, temporary_path
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 
@@ -20,8 +20,10 @@ def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None 
     try:
         torch.save(payload, tmp)
         finish_temporary(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise named(exc, path) from None
         raise
 
 

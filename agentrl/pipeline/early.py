@@ -8,11 +8,16 @@ the stage reads are validated but for the names of registered variants (the modu
 torch; `run_stage` checks those), and the CPU numerics the stage runs under are pinned and checked against the CPU
 (agentrl.core.numerics). A problem is the same one line and exit code 2 that `run_stage` would give, in a fraction
 of a second. The sections come from the stage script's own `SECTIONS` literal and `numeric=False` argument, read
-from its source (tests/test_dvc_yaml.py checks the reading against every imported stage module).
+from its source (tests/test_dvc_yaml.py checks the reading against every imported stage module). A lab's model
+directory is checked here too (agentrl.backends.model_dir: a second, never the weights), and the tracking store is
+probed (agentrl.tracking.store). On a refusal or a signal, the outputs DVC removed before running the stage are put
+back (agentrl.pipeline.restore).
 """
 from __future__ import annotations
 
 import ast
+import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +25,9 @@ from agentrl.core.boundary import end_quietly_on_signals, guard
 from agentrl.core.config import SECTIONS, load_params, read_params_file
 from agentrl.core.knobs import registries_deferred
 from agentrl.core.numerics import NUMERICS_MODES, pin, running_stage, stage_mode
+from agentrl.pipeline.restore import restore_outputs
+from agentrl.tracking.deferred import DEFER_ENV
+from agentrl.tracking.store import probe, tracking_uri
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
 
@@ -60,6 +68,13 @@ def _check(stage: str, instance: str | None, path: str) -> None:
         if mode in NUMERICS_MODES:   # a stage without tensor work may leave run invalid: it does not read it
             pin(mode)
         load_params(wanted, path)
+    spec = ((raw.get("lab") or {}).get("configs") or {}).get(instance) if stage == "lab" and instance else None
+    if isinstance(spec, dict) and isinstance(spec.get("model"), str):   # a lab's model directory, before torch
+        # imported by name: only the lab stage runs this, and its code deps hold the module (through the hf backend)
+        model_dir = importlib.import_module("agentrl.backends.model_dir")
+        model_dir.check_model_dir(spec["model"], f"lab.configs.{instance}.model")
+    if not os.environ.get(DEFER_ENV):   # the tracking store, as run_stage will probe it (no MLflow import)
+        probe(tracking_uri())
 
 
 def check_stage(path: str = "params.yaml") -> None:
@@ -70,5 +85,7 @@ def check_stage(path: str = "params.yaml") -> None:
         return
     code = guard(stage if instance is None else f"{stage}@{instance}", _check, stage, instance, path)
     if code:
+        restore_outputs()   # what DVC removed before running the stage (agentrl.pipeline.restore)
         sys.exit(code)
-    end_quietly_on_signals(stage if instance is None else f"{stage}@{instance}")   # while the stage imports torch
+    end_quietly_on_signals(stage if instance is None else f"{stage}@{instance}",   # while the stage imports torch
+                           on_end=restore_outputs)

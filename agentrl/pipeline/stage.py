@@ -11,7 +11,8 @@
 
 All of it runs inside the error boundary (agentrl.core.boundary): an unexpected exception is one line and a log file
 (exit 1), Ctrl-C exits 130, SIGTERM 143, SIGHUP 129 and SIGQUIT 131, with the run marked KILLED; on any failure
-SystemExit carries the code.
+the outputs DVC removed before running the stage are put back (agentrl.pipeline.restore) and SystemExit carries the
+code.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from agentrl.core.boundary import check_threads, guard
 from agentrl.core.config import UserError, section_values
 from agentrl.pipeline.lock import stage_lock
+from agentrl.pipeline.restore import restore_outputs
 
 
 @dataclass
@@ -66,10 +68,12 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
 
 
 def entry(name: str, fn, *args) -> None:
-    """fn(*args) inside the error boundary; on failure SystemExit with the boundary's exit code (for what a stage
-    script does before run_stage, e.g. finding its matrix instance)."""
+    """fn(*args) inside the error boundary; on failure the outputs DVC removed before running the stage are put back
+    (agentrl.pipeline.restore), then SystemExit with the boundary's exit code (also for what a stage script does
+    before run_stage, e.g. finding its matrix instance)."""
     code = guard(name, fn, *args)
     if code:
+        restore_outputs()
         sys.exit(code)
 
 

@@ -11,7 +11,6 @@ which the stage calls after its inputs and params have been validated.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from agentrl.backends.registry import read_checkpoint, save_checkpoint
@@ -22,7 +21,7 @@ from agentrl.core.artifacts import (
     CheckpointError,
     checkpoint_path,
     remove_partial,
-    temporary_name,
+    replacing,
 )
 from agentrl.rl.trainer import Hook, TrainState
 
@@ -82,9 +81,8 @@ def read_resume(key: str) -> dict:
 
 def write_resume(key: str, seconds: float, runs: list[str]) -> None:
     RESUME_FILE.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(RESUME_FILE)
-    tmp.write_text(json.dumps({"key": key, "seconds": seconds, "runs": runs}, indent=1) + "\n")
-    os.replace(tmp, RESUME_FILE)
+    with replacing(RESUME_FILE) as tmp:
+        tmp.write_text(json.dumps({"key": key, "seconds": seconds, "runs": runs}, indent=1) + "\n")
 
 
 def resume_point(key: str, kind: str) -> dict | None:

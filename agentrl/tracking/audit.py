@@ -5,7 +5,10 @@ DVC is the source of truth. The stage that wrote the file is found in dvc.lock; 
 it read and the hash of every dep (code files and input artifacts alike); "current or stale" is DVC's own status
 of that stage (`Repo.status`), so audit and `dvc status` cannot disagree. The stage's provenance record
 (reports/provenance/<stage>.json) adds what DVC does not keep: threads, library versions, git commit, the MLflow
-run and wall time. The MLflow run is looked up read-only, after a probe with a short timeout.
+run and wall time. The MLflow run is looked up after a probe with a short timeout; runs whose process is gone
+are closed KILLED on the way (agentrl.tracking.orphans; nothing is written to a store this process cannot write).
+A number of a stage run outside `dvc repro` (a lab) has no dvc.lock entry: it is traced through its provenance record
+(agentrl.tracking.audit_record).
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ from agentrl.core import files
 from agentrl.core.artifacts import shape_problem
 from agentrl.core.boundary import one_line
 from agentrl.core.knobs import UserError
+from agentrl.tracking.audit_record import audit_outside, format_outside, outside_stage
 from agentrl.tracking.closure import is_code
-from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, lineage
+from agentrl.tracking.lineage import attach_verdicts, format_lineage, format_machine, format_run, lineage
 from agentrl.tracking.provenance import ProvenanceError, work_root
-from agentrl.tracking.run import record_path
+from agentrl.tracking.records import record_path
 from agentrl.tracking.store import _sqlite_path, probe, tracking_uri
 
 
@@ -102,7 +106,8 @@ def producing_stage(file: str, root: Path) -> tuple[str, dict]:
     for name, entry in lock["stages"].items():
         if any(o["path"] == file for o in entry.get("outs", [])):
             return name, entry
-    raise AuditError(f"{file}: no stage in dvc.lock writes it")
+    raise AuditError(f"{file}: no stage in dvc.lock writes it, and no provenance record of a stage run outside "
+                     "`dvc repro` names it")
 
 
 DVC_WAIT_ENV = "AGENTRL_AUDIT_DVC_WAIT"   # seconds audit waits for DVC's status (default 120)
@@ -189,8 +194,10 @@ def fetch_run(run_id: str | None) -> dict:
         return {"found": False, "error": f"store not found: {db}"}
     probe(uri, write=False)   # an unreachable or corrupted store is an error (StoreError), not a silent "not found"
     try:
+        from agentrl.tracking.orphans import close_all_orphans
         from agentrl.tracking.store import _client, _retry
         client = _client(uri)
+        close_all_orphans(client, "audit")   # runs whose process is gone, though DVC reran nothing since
         run = _retry(client.get_run, run_id)
     except Exception as exc:
         return {"found": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
@@ -213,7 +220,13 @@ def audit(spec: str, root: Path | str | None = None) -> dict:
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise AuditError(f"{file}: not valid JSON ({one_line(str(exc), 120)})") from None
     value = extract(data, dotted, file)
-    stage, lock = producing_stage(file, root)
+    try:
+        stage, lock = producing_stage(file, root)
+    except AuditError:   # a stage run outside `dvc repro` (a lab): traced through its provenance record
+        found = outside_stage(file, root)
+        if found is None:
+            raise
+        return audit_outside(spec, file, dotted, value, *found, root, fetch_run)
     deps = {d["path"]: d.get("md5") or d.get("hash") for d in lock.get("deps", [])}
     code = {p: h for p, h in deps.items() if is_code(p)}
     inputs = {p: h for p, h in deps.items() if not is_code(p)}
@@ -253,14 +266,12 @@ def _short(value: Any, limit: int = 200) -> str:
 
 
 def format_audit(result: dict) -> str:
+    if result.get("outside"):
+        return format_outside(result, _short)
     rec, run = result["record"] or {}, result["run"]
     lines = [f"{result['file']}:{result['path']} = {_short(result['value'])}",
              f"  stage        : {result['stage']}   ({result['cmd']})"]
-    if run["found"]:
-        lines.append(f"  mlflow run   : {run['run_id']} ({run['status']}, run name {run['name']!r}, pipeline run "
-                     f"{run['pipeline_run']})   store: {run['tracking_uri']}")
-    else:
-        lines.append(f"  mlflow run   : {rec.get('mlflow', {}).get('run_id', '-')} (not found: {run['error']})")
+    lines.append(format_run(run, rec.get("mlflow", {}).get("run_id")))
     lines.append(f"  threads      : {rec.get('threads', '-')}")
     lines.append(f"  machine      : {format_machine(rec.get('machine'))}")
     lines.append("  versions     : " + ", ".join(f"{k} {v}" for k, v in rec.get("versions", {}).items()))

@@ -65,7 +65,7 @@ def upstream(stage: str, stages: dict) -> list[str]:
 
 
 def _record(stage: str, root: Path) -> dict:
-    from agentrl.tracking.run import record_path
+    from agentrl.tracking.records import record_path
     path = record_path(stage, root)
     try:
         record = json.loads(files.read_text(path, files.MAX_RECORD_BYTES, "a provenance record"))
@@ -118,6 +118,14 @@ def format_machine(machine: dict | None) -> str:
     return (f"{machine.get('mode')} numerics, {machine.get('isa')} kernels, {machine.get('cpu_vendor')} "
             f"{machine.get('cpu_model')}, MKL {machine.get('mkl')}, oneDNN {machine.get('onednn')}, "
             f"{machine.get('threads')} threads")
+
+
+def format_run(run: dict, run_id: str | None) -> str:
+    """The audit's line of a stage run's MLflow run (agentrl.tracking.audit.fetch_run's answer)."""
+    if not run["found"]:
+        return f"  mlflow run   : {run_id or '-'} (not found: {run['error']})"
+    return (f"  mlflow run   : {run['run_id']} ({run['status']}, run name {run['name']!r}, pipeline run "
+            f"{run['pipeline_run']})   store: {run['tracking_uri']}")
 
 
 def format_lineage(chain: dict, short) -> list[str]:

@@ -10,9 +10,11 @@ later disappears. The stages copy their artifacts there themselves (`log_artifac
 
 `probe` checks the store before any work, each problem one line naming the store within seconds (no minutes of
 retries): an http store must accept a connection; a `file:` store is refused (MLflow 3 keeps it in maintenance mode
-and raises on it); a sqlite store must sit on a writable filesystem with free space, be a readable database, and not
-be held by another writer for more than LOCK_WAIT seconds (said so: a locked store is live, never to be moved aside).
-A store that fails later (the disk fills up mid-run) is one StoreError line from `_retry`.
+and raises on it); a sqlite store must sit in a directory that exists (a mistyped path is refused, never created), on
+a writable filesystem with free space, be a readable database, and not be held by another writer for more than
+LOCK_WAIT seconds (said so: a locked store is live, never to be moved aside). A sqlite file that does not exist yet is
+created in that directory, said in one warning line. A store that fails later (the disk fills up mid-run) is one
+StoreError line from `_retry`.
 
 Concurrency. Parallel queue workers write the same sqlite file. Every store call goes through `_retry` (backoff with
 jitter on "database is locked" and friends), writes are batched, and a racing `create_experiment` falls back to
@@ -33,17 +35,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")   # its INFO lines (creating a store's tables) stay off stderr
 
 import contextlib
-import hashlib
-import json
 import logging
-import math
-import numbers
 import random
-import re
 import socket
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,11 +64,6 @@ ARTIFACT_DIR = "mlartifacts"
 PROBE_TIMEOUT = 3.0
 LOCK_WAIT = 4.0            # seconds a store held by another writer is waited for before saying so
 MIN_FREE_BYTES = 1 << 20   # a store on a filesystem with less free space fails on its first write
-MAX_METRICS_PER_BATCH = 1000   # mlflow.utils.validation.MAX_METRICS_PER_BATCH / MAX_ENTITIES_PER_BATCH
-MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY = 250
 RETRY_TRIES = 30
 RETRY_MAX_SLEEP = 1.0
 
@@ -169,6 +163,20 @@ def _write_problem(path: Path) -> str | None:
     return None
 
 
+def _directory_problem(db: Path) -> str | None:
+    """Why a sqlite store cannot be at `db`: its directory is missing or a file, or the path is a directory."""
+    if db.is_dir():
+        return f"{db} is a directory, not a database file"
+    if db.parent.is_dir():
+        return None
+    where = db.parent
+    while not os.path.lexists(where) and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return f"{where} is a file, not a directory"
+    return f"the directory {db.parent} does not exist (create it if that is where the store belongs)"
+
+
 def _locked(exc: BaseException) -> bool:
     return any(s in str(exc).lower() for s in ("locked", "busy"))
 
@@ -195,6 +203,10 @@ def probe(uri: str, timeout: float = PROBE_TIMEOUT, write: bool = True) -> None:
     db = _sqlite_path(uri)
     if db is None:
         return
+    problem = _directory_problem(db)
+    if problem:
+        raise StoreError(f"MLflow tracking store {db}: {problem}; point MLFLOW_TRACKING_URI at a store in an "
+                         "existing directory (the default: sqlite:///mlflow.db in the project root)")
     problem = (_write_problem(db.parent) or (db.is_file() and not os.access(db, os.W_OK) and
                                             f"{db} is not writable by this user")) if write else None
     if problem:
@@ -266,9 +278,9 @@ _FATAL = {"database or disk is full": "the disk is full: free space and run agai
           "disk i/o error": "the disk reported an I/O error"}
 
 
-def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
+def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, wait=time.sleep, **kwargs):
     """Call fn, retrying on a locked/busy database (and, with init=True, on store-creation races) with jittered
-    exponential backoff capped at RETRY_MAX_SLEEP seconds."""
+    exponential backoff capped at RETRY_MAX_SLEEP seconds (`wait(seconds)` between attempts)."""
     for attempt in range(tries):
         try:
             return fn(*args, **kwargs)
@@ -280,7 +292,7 @@ def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, **kwargs):
                 raise
             delay = min(RETRY_MAX_SLEEP, 0.02 * 2 ** attempt) * (0.5 + 0.5 * _rng().random())
             log.debug("store busy (%s); retry %d/%d in %.2fs", type(exc).__name__, attempt + 1, tries, delay)
-            time.sleep(delay)
+            wait(delay)
     raise AssertionError("unreachable")
 
 
@@ -323,7 +335,6 @@ def _store_lock(uri: str, shared: bool | None = None):
     if db is None or fcntl is None:
         yield
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
     if shared is None:
         shared = _store_initialised(db)
     try:
@@ -354,6 +365,11 @@ def _client(uri: str):
     if key not in _CLIENTS:
         from mlflow.tracking import MlflowClient
         logging.getLogger("mlflow.store.db.utils").addFilter(_FILTER)
+        db = _sqlite_path(uri)
+        problem = _directory_problem(db) if db is not None else None
+        if problem:   # refused, never created (a caller that did not probe)
+            raise StoreError(f"MLflow tracking store {db}: {problem}")
+        new = db is not None and not _store_initialised(db)
         with _store_lock(uri):
             try:
                 _CLIENTS[key] = _retry(MlflowClient, tracking_uri=uri, init=True)
@@ -366,6 +382,8 @@ def _client(uri: str):
                         f"unavailable, create the store (agentrl.tracking.store.ensure_store) before starting parallel "
                         f"workers") from exc
                 raise
+        if new:
+            print(f"warning: MLflow tracking store {db} did not exist: created it, empty", file=sys.stderr)
     return _CLIENTS[key]
 
 
@@ -401,39 +419,3 @@ def _ensure_experiment(client, uri: str, name: str, location: str) -> str:
                 _retry(client.restore_experiment, exp_id)
     _EXPERIMENTS[key] = exp_id
     return exp_id
-
-
-_BAD_KEY_CHARS = re.compile(r"[^\w.\- /]")
-
-
-def _key(name: str) -> str:
-    """A valid MLflow param/metric/tag key (alnum _ - . space /; no leading '/', no '..'; <= 250 chars)."""
-    key = _BAD_KEY_CHARS.sub("_", str(name)).lstrip("/").replace("..", "__") or "_"
-    if len(key) > MAX_KEY:
-        key = key[:MAX_KEY - 17] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    return key
-
-
-def _value_text(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
-
-
-def _metric_value(value: Any) -> float | None:
-    """A finite float, or None for anything non-numeric (bool, str, None, ...) or non-finite."""
-    if isinstance(value, bool):
-        return None
-    if not isinstance(value, numbers.Number) and hasattr(value, "item"):
-        try:
-            value = value.item()
-        except (TypeError, ValueError, RuntimeError):
-            return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _chunks(items: list, size: int):
-    for i in range(0, len(items), size):
-        yield items[i:i + size]

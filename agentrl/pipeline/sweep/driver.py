@@ -33,8 +33,8 @@ from pathlib import Path
 
 from agentrl.pipeline.sweep.plan import Instance, SweepError, check_stage, commit, plan
 from agentrl.pipeline.sweep.worker import CODE, read_tree, reap_orphans, run_instance, write_tree
+from agentrl.tracking.deferred import replay_run
 from agentrl.tracking.provenance import versions
-from agentrl.tracking.run import replay_run
 from agentrl.tracking.store import StoreError, probe, tracking_uri
 
 ATTEMPTS = 2            # a failed or lost instance is run once more

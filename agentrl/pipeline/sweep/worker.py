@@ -1,7 +1,7 @@
 """One stage instance, run on whichever node Ray picks: a scratch directory laid out like the repository (the
 shipped code and params from the task's working directory, the inputs as bytes from the driver), the stage's
 command run there exactly as `dvc repro` runs it, and everything it wrote returned as bytes. The MLflow run is
-recorded, not logged (agentrl.tracking.run, deferred mode): the driver replays it into the project's store.
+recorded, not logged (agentrl.tracking.deferred): the driver replays it into the project's store.
 
 Nothing here imports Ray, torch or agentrl's stage code: the stage runs in its own interpreter, as under DVC, and a
 worker process that dies (a lost node, a cancelled task) takes that interpreter with it.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.tracking.run import process_alive, process_tag
+from agentrl.tracking.orphans import process_alive, process_tag
 
 CODE = ("agentrl", "stages", "dvc.yaml", "params.yaml")   # what the working_dir ships (agentrl.pipeline.sweep.plan)
 RECORD = ".sweep-run"          # the deferred MLflow run, inside the scratch directory
@@ -99,7 +99,7 @@ def _side_files(work: Path, shipped: set[str], outs: list[str]) -> dict[str, byt
 
 
 def scratch_prefix() -> str:
-    """This worker's scratch directories: SCRATCH_PREFIX + pid + start time (agentrl.tracking.run.process_tag), so
+    """This worker's scratch directories: SCRATCH_PREFIX + pid + start time (agentrl.tracking.orphans.process_tag), so
     a directory is matched to its process even after the pid is reused."""
     _, pid, start = process_tag().rsplit(":", 2)
     return f"{SCRATCH_PREFIX}{pid}-{start}-"
