@@ -1,4 +1,4 @@
-"""python -m agentrl {check, envcheck, bench, labcheck, audit, replay, study, research, sweep, compare-reports, deps}.
+"""python -m agentrl check|envcheck|bench|labcheck|labcells|audit|replay|study|research|sweep|compare-reports|deps.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
@@ -56,25 +56,27 @@ def _seed(text: str) -> int:
     return value
 
 
-def _thread_list(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, got {text!r}")
-    return [_int_at_least(1)(p) for p in parts]
+def _list_of(parse, example: str):
+    """A comma-separated list, each part read by parse; an empty list is refused with an example."""
+    def parse_list(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected a list like {example}, got {text!r}")
+        return [parse(p) for p in parts]
+    return parse_list
 
 
-def _episode_list(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected episode counts like 16,64,256, got {text!r}")
-    return [_int_at_least(8)(p) for p in parts]
+def _dtype(text: str) -> str:
+    if text not in ("fp32", "bf16"):
+        raise argparse.ArgumentTypeError(f"expected fp32 or bf16, got {text!r}")
+    return text
 
 
-def _seed_list(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}")
-    return [_seed(p) for p in parts]
+_thread_list = _list_of(_int_at_least(1), "1,2")
+_episode_list = _list_of(_int_at_least(8), "16,64,256")
+_seed_list = _list_of(_seed, "0,1,2")
+_rows_list = _list_of(_int_at_least(1), "16,32,64,128")
+_dtype_list = _list_of(_dtype, "fp32,bf16")
 
 
 def _fault_name(text: str) -> str:
@@ -106,7 +108,11 @@ def numerics_mode(args) -> str:
     if getattr(args, "numerics", None):
         return args.numerics
     try:
-        run = read_params_file("params.yaml").get("run") or {} if Path("params.yaml").exists() else {}
+        params = read_params_file("params.yaml") if Path("params.yaml").exists() else {}
+        if args.cmd == "labcells":   # the lab's own numerics, as its stage runs it
+            from agentrl.core.numerics import stage_mode
+            return check_mode(stage_mode(params, "lab", args.lab))
+        run = params.get("run") or {}
     except ParamsError as exc:
         raise ParamsError(f"{exc} (the params file decides this verb's numerics; or pass --numerics)") from None
     return check_mode(run.get("numerics", "portable") if isinstance(run, dict) else "portable")
@@ -267,6 +273,16 @@ def cmd_labcheck(args) -> int:
     return 0 if out["passed"] else 1
 
 
+def cmd_labcells(args) -> int:
+    """Cold starts and GRPO updates side by side at a fraction of a lab's cost (agentrl.labs.cells)."""
+    from agentrl.labs.cells import labcells, table
+    if not args.table:
+        set_threads(args.threads)
+        labcells(args.lab, args.set, args.grid, args.steps)
+    print(table(args.lab))
+    return 0
+
+
 def cmd_audit(args) -> int:
     from agentrl.tracking.audit import main
     return main(args.spec, args.json)
@@ -366,7 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hf: the lab backend's sampler against plain generate, the update's GFLOP/s against a "
                         "same-run GEMM, and its peak memory with the LM head on policy positions against full logits "
                         "(--model: a Qwen3 or Llama directory, e.g. data/models/smollm2-135m-instruct)")
-    b.add_argument("--rows", type=_int_at_least(1), default=64, help="hf: prompts sampled together")
+    b.add_argument("--rows", type=_rows_list, default=[16, 32, 64, 128], help="hf: rows decoded together, a list")
+    b.add_argument("--dtype", type=_dtype_list, default=["fp32"], help="hf: fp32, bf16 or both, each in turn "
+                   "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16)")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
     lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
@@ -375,6 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
     lc.add_argument("--model", help="a Qwen3 or Llama model directory (default: a small random-init Qwen3)")
     lc.add_argument("--threads", type=_int_at_least(1), default=2)
     lc.add_argument("--json", action="store_true", help="the result as one JSON line")
+    cells = sub.add_parser("labcells", help="a lab's cold starts and GRPO updates, cell by cell (docs/labs.md)")
+    cells.add_argument("--lab", required=True, help="a name of lab.configs")
+    cells.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a LabRun key or rl.<key> changed in every cell")
+    cells.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                       help="one axis of the grid (every combination of the axes is a cell)")
+    cells.add_argument("--steps", type=_int_at_least(1), default=3, help="GRPO steps per cell")
+    cells.add_argument("--threads", type=_int_at_least(1), default=2)
+    cells.add_argument("--table", action="store_true", help="print the lab's cells so far and stop")
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")
@@ -419,5 +446,5 @@ def _main(argv) -> int:
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
-             "research": cmd_research, "sweep": cmd_sweep, "labcheck": cmd_labcheck}
+             "research": cmd_research, "sweep": cmd_sweep, "labcheck": cmd_labcheck, "labcells": cmd_labcells}
     return verbs[args.cmd](args)

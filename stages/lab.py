@@ -4,7 +4,7 @@ Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/
 whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
 
 from agentrl.backends.hf import ENTRY as HF
-from agentrl.core.artifacts import DATA, REPORTS, write_json, write_text
+from agentrl.core.artifacts import DATA, REPORTS, StageError, write_json, write_text
 from agentrl.core.config import LAB_CONFIGS, UserError, read_params_file
 from agentrl.env.coding.spec import CODING
 from agentrl.env.gym.spec import GYM
@@ -26,7 +26,7 @@ def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:
     return matrix_instance("lab", {"lab": runs}, {"lab": name}, params_path)["lab"]
 
 
-def main(name: str | None = None):
+def main(name: str | None = None, past_gates: bool = False):
     name = lab_instance(name)
 
     def body(ctx):
@@ -37,7 +37,8 @@ def main(name: str | None = None):
         from agentrl.labs.timing import SandboxShare
         out = DATA / "labs" / name
         share = SandboxShare()
-        record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock)
+        record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock,
+                         past_gates=past_gates)
         record["threads"] = ctx.threads
         if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
             write_json(DATA / "models" / f"lab-{name}" / "model.json",
@@ -50,9 +51,13 @@ def main(name: str | None = None):
         for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
             ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         held = numbers["held_out"]
-        ctx.run.log_metrics({"heldout_before": held["before"]["mean"], "heldout_after": held["after"]["mean"],
-                             "heldout_gain": held["gain"]["mean"], "wall_s": record["wall_s"],
-                             "cpu_s": record["cpu_s"], "peak_memory_mib": record["peak_memory_mib"]})
+        ctx.run.log_metrics({"heldout_before": held["before"]["mean"], "wall_s": record["wall_s"],
+                             "cpu_s": record["cpu_s"], "peak_memory_mib": record["peak_memory_mib"],
+                             **({"heldout_after": held["after"]["mean"], "heldout_gain": held["gain"]["mean"]}
+                                if "gain" in held else {})})
+        if record["stopped"] and not record["stopped"]["went_on"]:
+            raise StageError(f"lab {name}: stopped before GRPO: {'; '.join(record['stopped']['reasons'])} (the report "
+                             f"reports/labs/{name}.md says so; --past-gates goes on)")
         print(f"lab {name}: held-out pass {held['before']['mean']:.3f} -> {held['after']['mean']:.3f} "
               f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
               f"in {record['wall_s']:.0f} s")
@@ -65,4 +70,7 @@ def main(name: str | None = None):
 if __name__ == "__main__":
     p = StageArguments(prog="lab")
     p.add_argument("--lab")
-    entry("lab", main, p.parse_args().lab)
+    p.add_argument("--past-gates", action="store_true", help="go on to GRPO when the preflight or the signal check "
+                   "fails (the report says so in its first lines)")
+    args = p.parse_args()
+    entry("lab", main, args.lab, args.past_gates)

@@ -76,8 +76,8 @@ def test_a_block_with_other_tensors_is_refused_by_decode_in_one_line_and_samples
 def test_a_block_that_only_computes_something_else_is_caught_by_the_probe(capsys):
     model = with_block(ReluBlock)(CFG)
     assert layout(model.blocks[0]) == KERNELS["fixed"].decode_layout()   # the tensors alone cannot tell
-    err = capsys.readouterr().err
-    assert "ReluBlock" in err and "its layer-by-layer pass computes other bits than decode's on a probe" in err
-    assert model.decode_step() is None
     cached, packed = sampled_and_trained(model)
     assert torch.equal(cached, packed)   # through decode, sampling would have drawn from the GELU block
+    assert model.decode_step() is None
+    err = capsys.readouterr().err
+    assert "ReluBlock" in err and "its layer-by-layer pass computes other bits than decode's on a probe" in err

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from agentrl.backends.base import BackendSpec, PolicyBackend
 from agentrl.backends.registry import BACKENDS, from_description, load_checkpoint, save_checkpoint
-from agentrl.core.config import POLICY_LOSSES, ConfigError, RLConfig
+from agentrl.core.config import ConfigError, RLConfig
+from agentrl.core.variants import POLICY_LOSSES
 from agentrl.env.base import EnvironmentSpec, EpisodeRecord
 from agentrl.env.formats import ConversationFormat
 from agentrl.env.gym.spec import GYM

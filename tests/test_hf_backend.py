@@ -4,7 +4,6 @@ with from_pretrained and the real tokenizer; its KV-cached sampler, with the pro
 agrees with the trainer's pass to fp32 rounding; a Llama (SmolLM2's architecture) goes through the same code. The
 transformers tests are slow tier."""
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,12 @@ TOKENIZER = REPO / "data" / "tokenizers" / "qwen3"
 
 
 def _model_dir(tmp_path, model_type="qwen3", weights=True, tokenizer=TOKENIZER_FILES):
-    d = tmp_path / "m"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": model_type}))
-    if weights:
-        (d / "model.safetensors").write_bytes(b"")
-    for name in tokenizer:
-        (d / name).write_text("{}")
+    from test_model_dir import tiny_model_dir  # every file the check reads (tests/test_model_dir.py: the rest)
+    d = tiny_model_dir(tmp_path / "m", model_type=model_type)
+    if not weights:
+        (d / "model.safetensors").unlink()
+    for name in set(TOKENIZER_FILES) - set(tokenizer):
+        (d / name).unlink()
     return d
 
 
@@ -107,11 +105,18 @@ def test_corrupted_weights_are_one_line_naming_the_file(small_qwen3, tmp_path):
     import shutil
 
     from agentrl.backends.hf import load_model
-    from agentrl.core.artifacts import CheckpointError
+    from agentrl.core.knobs import ConfigError
     shutil.copytree(small_qwen3_dir(small_qwen3), tmp_path / "m")
-    (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(CheckpointError, match=r"^lab.model: .*model.safetensors cannot be loaded"):
+    weights = tmp_path / "m" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(b"\x00" * 64)   # caught by the directory check (agentrl.backends.model_dir), before loading
+    with pytest.raises(ConfigError, match=r"^lab.model: .*model.safetensors is not a safetensors file") as err:
         load_model(tmp_path / "m", "lab.model")
+    assert "\n" not in str(err.value)
+    weights.write_bytes(whole[: len(whole) // 2])   # its header whole, its tensors cut off
+    with pytest.raises(ConfigError, match=r"^lab.model: .*model.safetensors") as err:
+        load_model(tmp_path / "m", "lab.model")
+    assert "\n" not in str(err.value)
 
 
 def small_qwen3_dir(model) -> Path:

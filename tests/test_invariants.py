@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.core.config import KL_KINDS, LOSS_MODES, RLConfig
+from agentrl.core.config import RLConfig
+from agentrl.core.variants import KL_KINDS, LOSS_MODES
 from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
 from agentrl.faults.registry import BUGS, EXPECTED_FAILURES, FAULTS, seams_for

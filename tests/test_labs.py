@@ -174,7 +174,8 @@ def test_a_wrong_lab_model_is_one_line_naming_it_before_anything_is_loaded(tmp_p
 
 
 SHORT = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 1, "tasks_per_step": 2,
-         "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "eval_per_task": 1}
+         "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "eval_per_task": 1, "signal_tasks": 2,
+         "min_signal": 0}   # a random-init model has no signal to gate on: the check reports, it does not stop
 SHORT_LAB = {"eval_batch": 10,
              "configs": {"menu": SHORT, "tools": {**SHORT, "environment": "coding", "probe_group": 2}}}
 

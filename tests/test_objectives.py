@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agentrl.core.config import KL_KINDS, LOSS_MODES, RLConfig
+from agentrl.core.config import RLConfig
+from agentrl.core.variants import KL_KINDS, LOSS_MODES
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 from agentrl.rl.objectives import (
     aggregate_loss,

@@ -5,21 +5,20 @@ through transformers' own accessors (`get_decoder()`, `get_output_embeddings()`)
 architecture's attribute names. Nothing is fetched at run time: offline mode is forced before transformers is
 imported and every load is `local_files_only`.
 
-- Sampling: `HFSampler`, one `DynamicCache` for all rows. The first chunk's longest common prefix (the shared
-  system prompt with the tools) is computed once for the whole batch and its cache repeated for every row; then a
-  chunk appends the same number of slots to every row, a row with nothing to add at a slot leaving it masked
-  (attention mask 0) with positions counted per row, so episodes at different points of their turns advance
-  together; finished rows leave with `keep`. The LM head runs only after each row's last valid slot.
+- Sampling: `HFSampler` (agentrl.backends.hf_sampler): the shared prompt computed once, a KV slab for all rows,
+  the sampler's own copy of the weights in the compute dtype.
 - Training: one causal pass of the decoder over right-padded rows (queries never see later keys, so padding needs
   no mask), the rows' common prefix computed once with gradients through it, then the LM head only at the
   positions `at` marks: never [B, T, vocab] logits.
+- Precision (`set_precision`): fp32, or bf16 mixed precision (fp32 master weights and Adam, products in bf16 on
+  both the sampler's and the trainer's side).
 - `make_small_model`: a small random-init model of an architecture with a real vocabulary, initialised from an
   explicit generator and written with `save_pretrained` beside the tokenizer files.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -27,53 +26,29 @@ import torch
 import torch.nn as nn
 
 from agentrl.backends.base import BackendSpec
+from agentrl.backends.hf_sampler import MIN_SHARED_PREFIX, HFSampler, SamplerWeights
+from agentrl.backends.offline import transformers
 from agentrl.backends.registry import BACKENDS
 from agentrl.core import files
 from agentrl.core.artifacts import CheckpointError
 from agentrl.core.config import ConfigError
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
-from agentrl.model.packing import pad_rows
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}   # model_type -> transformers class
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")   # where transformers 5 keeps a template
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 NO_GRAD_CHUNK = 1024    # positions per LM-head pass without gradient: 1024 x 151,936 float32 logits are 594 MiB
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}   # a lab's dtype -> the compute dtype
 EMBEDDING_ROWS = {"qwen3": 151_936}   # Qwen3's embedding rows (its tokenizer's 151,669 tokens, padded)
-MIN_SHARED_PREFIX = 16  # a common prompt prefix at least this long is computed once per batch
-
-
-def transformers():
-    """The transformers package, imported with the hub switched off."""
-    os.environ.update(OFFLINE)
-    import transformers as tf
-    tf.utils.logging.set_verbosity_error()
-    tf.utils.logging.disable_progress_bar()
-    return tf
 
 
 def check_model_dir(path, field: str) -> Path:
-    """A model directory (config.json of a supported model_type, weights, tokenizer files), or a one-line
-    ConfigError naming `field` and what is wrong, before anything is loaded."""
-    path = Path(path)
-    expected = f"a Hugging Face model directory (config.json, weights, {', '.join(TOKENIZER_FILES)})"
-    if not path.is_dir():
-        raise ConfigError(f"{field}: {path} is not a directory; expected {expected}")
-    config = path / "config.json"
-    try:
-        model_type = json.loads(files.read_text(config, files.MAX_RECORD_BYTES, "a model config")).get("model_type")
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
-        raise ConfigError(f"{field}: {config} is missing or not a JSON model config") from None
-    if model_type not in ARCHITECTURES:
-        raise ConfigError(f"{field}: {config} has model_type {model_type!r}; allowed: "
-                          f"{', '.join(map(repr, ARCHITECTURES))}")
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        raise ConfigError(f"{field}: {path} has no weights (expected one of {', '.join(WEIGHT_FILES)})")
-    missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
-    if missing:
-        raise ConfigError(f"{field}: {path} is missing the tokenizer file(s) {', '.join(missing)}")
-    return path
+    """A model directory this backend can load and drive (agentrl.backends.model_dir: config, weights, tokenizer
+    files, a chat template), or a one-line ConfigError naming `field` and what is wrong, before anything is loaded."""
+    from agentrl.backends.model_dir import check_model_dir as check
+    return check(path, field)
 
 
 class HFPolicy(nn.Module):
@@ -81,9 +56,30 @@ class HFPolicy(nn.Module):
 
     kind = "hf"
 
-    def __init__(self, lm):
+    def __init__(self, lm, precision: str = "fp32"):
         super().__init__()
         self.lm = lm
+        self.set_precision(precision)
+
+    def set_precision(self, precision: str) -> None:
+        """fp32, or bf16 mixed precision: fp32 master weights (and Adam's state), the trainer's pass under autocast
+        and the sampler decoding from a bf16 copy of the weights; both sides compute their products in bf16."""
+        if precision not in PRECISIONS:
+            raise ConfigError(f"dtype: unknown value {precision!r}; allowed: {', '.join(PRECISIONS)}")
+        self.precision = precision
+        self.sampler_weights = SamplerWeights(self.lm, PRECISIONS[precision])
+
+    def compute(self):
+        """The context every forward runs in: autocast to bf16 under bf16, nothing under fp32."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.lm.parameters()).device.type, dtype=PRECISIONS[self.precision])
+
+    @contextlib.contextmanager
+    def sampling(self):
+        """The sampler's forwards: the compute dtype, and every linear layer reading the sampler's weight copy."""
+        with self.compute(), self.sampler_weights.active():
+            yield
 
     @classmethod
     def from_config(cls, config: dict) -> HFPolicy:
@@ -120,6 +116,10 @@ class HFPolicy(nn.Module):
         system prompt), when at least MIN_SHARED_PREFIX tokens long, is computed once: one row's pass over it, its
         keys and values repeated for every row, then the rest of every row on top, gradients flowing through the
         shared pass (an exact shortcut: the same function of the same ids, the rows' gradients summed there)."""
+        with self.compute():
+            return self._hidden(ids)
+
+    def _hidden(self, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
         n = common_prefix(ids)
         if B < 2 or n < MIN_SHARED_PREFIX:
@@ -132,9 +132,14 @@ class HFPolicy(nn.Module):
                             use_cache=True).last_hidden_state
         return torch.cat([head.expand(B, -1, -1), rest], 1)
 
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head on hidden states, as fp32 logits (computed in the compute dtype)."""
+        with self.compute():
+            return self.head(h).float()
+
     def logits(self, ids: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         h = self.hidden(ids)
-        return self.head(h if at is None else h[at])
+        return self.head_logits(h if at is None else h[at])
 
     def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
                   entropy: bool = False):
@@ -146,7 +151,7 @@ class HFPolicy(nn.Module):
         step = h.shape[0] if torch.is_grad_enabled() else NO_GRAD_CHUNK
         logps, entropies = [], []
         for i in range(0, max(h.shape[0], 1), max(step, 1)):
-            logits = self.head(h[i:i + step])
+            logits = self.head_logits(h[i:i + step])
             if temperature != 1.0:   # x / 1.0 is x: skip a pass over [N, vocab]
                 logits = logits / temperature
             logps.append(selected_log_probs(logits, targets[i:i + step]))
@@ -170,74 +175,6 @@ def common_prefix(ids: torch.Tensor) -> int:
     differs = (ids != ids[:1]).any(0)
     n = int(differs.int().argmax()) if bool(differs.any()) else ids.shape[1]
     return min(n, ids.shape[1] - 1)
-
-
-def shared_prefix(chunks: list[list[int]]) -> int:
-    """The length of the longest prefix every chunk shares, leaving each chunk at least one token of its own."""
-    n = min(len(c) for c in chunks) - 1
-    first = chunks[0]
-    for i in range(max(n, 0)):
-        if any(c[i] != first[i] for c in chunks[1:]):
-            return i
-    return max(n, 0)
-
-
-class HFSampler:
-    """Batched KV-cached sampling state of an HFPolicy (agentrl.backends.base.Sampler)."""
-
-    def __init__(self, policy: HFPolicy, pad_id: int):
-        self.policy, self.pad_id = policy, pad_id
-        self.cache = transformers().DynamicCache(config=policy.lm.config)
-        self.mask: torch.Tensor | None = None      # [rows, slots]: 1 where the slot holds a token of the row
-        self.lengths: torch.Tensor | None = None   # tokens in each row
-        self.prefix_tokens = 0                     # the shared prefix computed once (for the bench's accounting)
-
-    def _forward(self, ids: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """ids, valid [rows, L] appended as L slots; returns the logits after slot last[r] of each row in `last`'s
-        rows (last: [n, 2] of (row, slot))."""
-        L = ids.shape[1]
-        pos = self.lengths[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)
-        mask = valid.long() if self.mask is None else torch.cat([self.mask, valid.long()], 1)
-        out = self.policy.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                                  use_cache=True)
-        self.mask = mask
-        self.lengths = self.lengths + valid.sum(1)
-        assert out.last_hidden_state.shape[1] == L
-        return self.policy.head(out.last_hidden_state[last[:, 0], last[:, 1]])
-
-    def _prefill_shared(self, chunks: list[list[int]]) -> list[list[int]]:
-        """Compute the chunks' common prefix once and repeat its cache for every row; returns the rest of each."""
-        n = shared_prefix(chunks)
-        if len(chunks) < 2 or n < MIN_SHARED_PREFIX:
-            return chunks
-        rows = len(chunks)
-        ids = torch.tensor([chunks[0][:n]])
-        self.policy.decoder(input_ids=ids, attention_mask=torch.ones_like(ids),
-                            position_ids=torch.arange(n)[None], past_key_values=self.cache, use_cache=True)
-        self.cache.batch_repeat_interleave(rows)
-        self.mask = torch.ones(rows, n, dtype=torch.long)
-        self.lengths = torch.full((rows,), n, dtype=torch.long)
-        self.prefix_tokens = n
-        return [c[n:] for c in chunks]
-
-    def append(self, chunks: list[list[int]]) -> torch.Tensor:
-        if self.lengths is None:
-            self.lengths = torch.zeros(len(chunks), dtype=torch.long)
-            chunks = self._prefill_shared(chunks)
-        n = torch.tensor([len(c) for c in chunks])
-        L = int(n.max())
-        valid = torch.arange(L)[None] < n[:, None]
-        last = torch.stack([torch.arange(len(chunks)), n - 1], 1)
-        return self._forward(pad_rows(chunks, self.pad_id, L), valid, last)
-
-    def step(self, tokens: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        rows = active.nonzero().squeeze(1)
-        last = torch.stack([rows, torch.zeros_like(rows)], 1)
-        return self._forward(tokens, active[:, None], last)
-
-    def keep(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.mask, self.lengths = self.mask[rows], self.lengths[rows]
 
 
 # ---------------------------------------------------------------- loading, saving, the small model made here
@@ -278,6 +215,9 @@ def save_model(model: HFPolicy, path, tokenizer_hash: str, extra: dict | None = 
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             shutil.copyfile(Path(tokenizer_dir) / name, path / name)
+        for name in CHAT_TEMPLATE_FILES:
+            if (Path(tokenizer_dir) / name).is_file():
+                shutil.copyfile(Path(tokenizer_dir) / name, path / name)
 
 
 def load(path, tok, expect=None) -> tuple[HFPolicy, dict]:

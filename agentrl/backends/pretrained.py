@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from agentrl.backends.offline import transformers
 from agentrl.core import files
 from agentrl.core.artifacts import temporary_name
 from agentrl.core.knobs import UserError
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 SOURCE_FILE = "agentrl_source.json"
 PRETRAINED_DIR = Path("data/pretrained")   # what `make install` fetched, one directory per pinned model
 MODELS_DIR = Path("data/models")           # what the `pretrained` stage converted
@@ -112,15 +112,6 @@ def check_gguf(pin: Pinned, path: Path | str) -> Path:
         raise UserError(f"{path}: sha256 {digest[:16]}..., expected {pin.sha256[:16]}... ({pin.package}=="
                         f"{pin.version}); {refetch}")
     return path
-
-
-def transformers():
-    """The transformers package, imported with the hub switched off."""
-    os.environ.update(OFFLINE)
-    import transformers as tf
-    tf.utils.logging.set_verbosity_error()
-    tf.utils.logging.disable_progress_bar()
-    return tf
 
 
 def load_gguf(gguf: Path):

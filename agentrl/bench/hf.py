@@ -63,7 +63,7 @@ def backend_sample(model, chat, batch: list[list[int]], new_tokens: int, seed: i
     with torch.inference_mode():
         t0 = time.perf_counter()
         sampler = model.sampler(chat.pad_id)
-        calls, _ = _sample_calls(sampler, sampler.append(batch), gen, 1.0, new_tokens, -1, chat.pad_id)
+        calls, _, _ = _sample_calls(sampler, sampler.append(batch), gen, 1.0, new_tokens, -1, chat.pad_id)
         seconds = time.perf_counter() - t0
     assert all(len(c) == new_tokens for c in calls)
     return seconds
@@ -77,7 +77,7 @@ def plain_generate(model, chat, batch: list[list[int]], new_tokens: int, seed: i
     ids = torch.tensor([[chat.pad_id] * (width - len(r)) + r for r in batch])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in batch])
     torch.manual_seed(seed)   # generate draws from the global generator
-    with torch.inference_mode():
+    with torch.inference_mode(), model.compute():
         t0 = time.perf_counter()
         out = model.lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
                                 top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -173,10 +173,10 @@ def update_flops(config, rows: int, width: int, policy_tokens: int) -> float:
     return 3.0 * forward
 
 
-def gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
-    """A float32 matrix product of the model's shapes ([m, k] @ [k, n]), median GFLOP/s."""
+def gemm_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=None) -> float:
+    """A matrix product of the model's shapes ([m, k] @ [k, n]) in `dtype` (float32 by default), median GFLOP/s."""
     import torch
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     a @ b
     times = []
     for _ in range(repeats):
@@ -210,54 +210,134 @@ def update_throughput(model, chat, rows: int, repeats: int = 3) -> dict:
     seconds = statistics.median(times)
     config = model.lm.config
     flops = update_flops(config, rows, int(ids.shape[1]), int(mask.sum()))
-    gemm = gemm_gflops(ids.numel(), config.hidden_size, config.intermediate_size)
+    from agentrl.backends.hf import PRECISIONS
+    gemm = gemm_gflops(ids.numel(), config.hidden_size, config.intermediate_size, dtype=PRECISIONS[model.precision])
     achieved = flops / seconds / 1e9
     return {"rows": rows, "width": int(ids.shape[1]), "policy_tokens": int(mask.sum()), "seconds": seconds,
             "gflop": flops / 1e9, "achieved_gflops": achieved, "gemm_gflops": gemm, "ratio": achieved / gemm}
 
 
-def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int) -> dict:
+def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int,
+                 dtype: str = "fp32") -> dict:
     """update_memory in a fresh process (each variant's peak measured alone)."""
     cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows), str(threads),
-           model_dir or ""]
+           dtype, model_dir or ""]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"bench memory child ({variant}) failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """Same-run read bandwidth: the median GB/s of summing a float32 tensor of `mib` MiB (larger than any cache)."""
+    import torch
+    x = torch.ones(mib * 2**18)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t0)
+    return x.numel() * 4 / statistics.median(times) / 1e9
+
+
+def decode_scan(model, chat, rows: int, new_tokens: int, seed: int = 0) -> dict:
+    """The sampler's decode alone (after the prompts' prefill): seconds per new token at `rows` rows, and the
+    sampler-trainer gap of the tokens it drew (mean and max |trainer - sampler| log-prob)."""
+    import torch
+
+    from agentrl.model.packing import pad_rows
+    from agentrl.rl.rollout import _sample_calls
+    batch = prompts(chat, rows)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        sampler = model.sampler(chat.pad_id)
+        first = sampler.append(batch)
+        t0 = time.perf_counter()
+        calls, logps, _ = _sample_calls(sampler, first, gen, 1.0, new_tokens, -1, chat.pad_id)
+        seconds = (time.perf_counter() - t0) / new_tokens
+        ids = pad_rows([b + c for b, c in zip(batch, calls)], chat.pad_id)
+        at = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        for r, b in enumerate(batch):
+            at[r, len(b) - 1:len(b) - 1 + len(calls[r])] = True
+        trainer = model.log_probs(ids, at)[0][at]
+    gap = (trainer - torch.tensor([x for row in logps for x in row])).abs()
+    return {"rows": rows, "new_tokens": new_tokens, "s_per_token": seconds, "gap_mean": float(gap.mean()),
+            "gap_max": float(gap.max())}
+
+
+def sampler_weight_bytes(model) -> int:
+    """Bytes the decoder reads per decode step: every linear layer's sampler copy (the LM head included)."""
+    model.sampler_weights.refresh()
+    return sum(w.numel() * w.element_size() for w in model.sampler_weights.copies)
+
+
+def bench_dtype(args, model, chat, dtype: str, bandwidth: float, threads: int, hidden: int, layers: int) -> dict:
+    """One dtype's row of the bench: sampler against generate, decode against rows with the memory-bound floor, the
+    gap, the update's throughput against a same-run GEMM, the update's memory."""
+    model.set_precision(dtype)
+    rows = sorted(args.rows)
+    s = compare_sampling(model, chat, rows[0], args.new_tokens, args.steps)
+    floor_s = sampler_weight_bytes(model) / (bandwidth * 1e9)
+    scan = [decode_scan(model, chat, r, args.new_tokens) for r in rows]
+    u = update_throughput(model, chat, args.memory_rows, max(args.steps, 1))
+    print(f"  [{dtype}] sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new "
+          f"tokens each (median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new "
+          f"token, plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
+    for d in scan:
+        print(f"  [{dtype}] decode at {d['rows']:4d} rows: {1000 * d['s_per_token']:.1f} ms per new token "
+              f"(memory-bound floor {1000 * floor_s:.1f} ms: x{d['s_per_token'] / floor_s:.1f}); sampler-trainer "
+              f"gap mean {d['gap_mean']:.2e}, max {d['gap_max']:.2e} nats")
+    tokens_s = u["rows"] * u["width"] / u["seconds"]
+    print(f"  [{dtype}] update, {u['rows']} rows of {u['width']} tokens ({u['policy_tokens']} policy tokens), forward "
+          f"+ backward: {u['seconds']:.2f} s ({tokens_s:.0f} tokens/s), {u['achieved_gflops']:.1f} GFLOP/s against a "
+          f"same-run {dtype} GEMM of the model's shapes at {u['gemm_gflops']:.1f} GFLOP/s: x{u['ratio']:.2f}")
+    mem = {v: child_memory(v, args.model, hidden, layers, args.memory_rows, threads, dtype) for v in ("policy", "full")}
+    p, f = mem["policy"], mem["full"]
+    print(f"  [{dtype}] update memory, {p['rows']} rows of {p['width']} tokens, peak resident set above the start: "
+          f"LM head on policy positions {p['peak_above_mib']:.0f} MiB, full logits {f['peak_above_mib']:.0f} MiB: "
+          f"x{f['peak_above_mib'] / max(p['peak_above_mib'], 1):.1f}")
+    return {"sampling": s, "decode": scan, "floor_s_per_token": floor_s, "update": {**u, "tokens_per_s": tokens_s},
+            "memory": mem}
+
+
 def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
     import torch
 
+    from agentrl.core.config import ConfigError
     from agentrl.core.numerics import cpu_info
+    from agentrl.labs.precision import BF16_FLAGS, check_dtype
     threads = max(args.threads)
     torch.set_num_threads(threads)
+    cpu = cpu_info()
+    refused = {}
+    for dtype in args.dtype:
+        try:
+            check_dtype(dtype, "cpu", "--dtype")
+        except ConfigError as exc:
+            refused[dtype] = str(exc)
+    if len(refused) == len(args.dtype):
+        raise ConfigError(next(iter(refused.values())))
     model, chat = small_or_given(args.model, hidden, layers)
     model.eval()
-    cpu = cpu_info()
+    bandwidth = memory_bandwidth_gbs()
     print(f"bench hf: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
-          f"{threads} thread(s), {cpu['vendor']} {cpu['model']}")
-    s = compare_sampling(model, chat, args.rows, args.new_tokens, args.steps)
-    print(f"  sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new tokens each "
-          f"(median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new token, "
-          f"plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
-    u = update_throughput(model, chat, args.memory_rows, max(args.steps, 1))
-    print(f"  update, {u['rows']} rows of {u['width']} tokens ({u['policy_tokens']} policy tokens), forward + "
-          f"backward: {u['seconds']:.2f} s, {u['gflop']:.1f} GFLOP, {u['achieved_gflops']:.1f} GFLOP/s against a "
-          f"same-run GEMM of the model's shapes at {u['gemm_gflops']:.1f} GFLOP/s: x{u['ratio']:.2f}")
-    mem = {v: child_memory(v, args.model, hidden, layers, args.memory_rows, threads) for v in ("policy", "full")}
-    p, f = mem["policy"], mem["full"]
-    print(f"  update memory, {p['rows']} rows of {p['width']} tokens ({p['policy_tokens']} policy tokens), forward "
-          f"+ backward, peak resident set above the start: LM head on policy positions {p['peak_above_mib']:.0f} MiB "
-          f"({p['seconds']:.2f} s), full logits {f['peak_above_mib']:.0f} MiB ({f['seconds']:.2f} s): "
-          f"x{f['peak_above_mib'] / max(p['peak_above_mib'], 1):.1f}")
+          f"{threads} thread(s), {cpu['vendor']} {cpu['model']}, bf16 flags: "
+          f"{', '.join(sorted(BF16_FLAGS & cpu['flags'])) or 'none'}; same-run read bandwidth {bandwidth:.1f} GB/s")
+    out = {"threads": threads, "bandwidth_gbs": bandwidth, "refused": refused,
+           "cpu": {"vendor": cpu["vendor"], "model": cpu["model"], "bf16_flags": sorted(BF16_FLAGS & cpu["flags"])}}
+    for dtype in args.dtype:
+        if dtype in refused:
+            print(f"  [{dtype}] refused: {refused[dtype]}")
+            continue
+        out[dtype] = bench_dtype(args, model, chat, dtype, bandwidth, threads, hidden, layers)
     if args.json:
-        print(json.dumps({"sampling": s, "update": u, "memory": mem, "threads": threads,
-                          "cpu": {"vendor": cpu["vendor"], "model": cpu["model"]}}))
+        first = out[next(d for d in args.dtype if d not in refused)]
+        print(json.dumps({**out, "sampling": first["sampling"], "update": first["update"], "memory": first["memory"]}))
     return 0
 
 
-if __name__ == "__main__":   # the memory child: variant hidden layers rows threads [model_dir]
+if __name__ == "__main__":   # the memory child: variant hidden layers rows threads dtype [model_dir]
     import os
 
     from agentrl.core import numerics
@@ -265,7 +345,8 @@ if __name__ == "__main__":   # the memory child: variant hidden layers rows thre
     import torch
     variant, hidden, layers, rows, threads = sys.argv[1], *map(int, sys.argv[2:6])
     torch.set_num_threads(threads)
-    model, chat = small_or_given(sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else None, hidden, layers)
+    model, chat = small_or_given(sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] else None, hidden, layers)
+    model.set_precision(sys.argv[6])
     print(json.dumps(update_memory(model, chat, variant, rows)))
 
 

@@ -143,6 +143,10 @@ def knob(default, kind: type, doc: str = "", **spec):
     return field(default=default, metadata=meta)
 
 
+def int_knob(default, doc: str = "", lo=None, **kw):
+    return knob(default, int, doc, lo=lo, **kw)
+
+
 def prob(default: float, doc: str = ""):
     return knob(default, float, doc, lo=0.0, hi=1.0)
 

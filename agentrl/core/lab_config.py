@@ -3,18 +3,19 @@ a `LabRun`, outside the default pipeline unless `lab.runs` names it."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from agentrl.core.knobs import ConfigError, Section, knob
+from agentrl.core.knobs import int_knob as _int
 from agentrl.core.numerics import NUMERICS_MODES
-
-
-def _int(default, doc="", lo=None, **kw):
-    return knob(default, int, doc, lo=lo, **kw)
-
+from agentrl.core.rl_config import RLConfig
 
 DEVICES = ("cpu", "cuda")
+DTYPES = ("fp32", "bf16")
+DEMOS = ("expert", "format")
 LAB_NAME = re.compile(r"[A-Za-z0-9_]+")
+# rl keys a lab sets through its own fields (lr, tasks_per_step, episodes_per_task, ...), not through `rl`
+LAB_OWNED_RL_KEYS = ("group_size", "tasks_per_step", "lr", "microbatches", "max_call_tokens", "max_turns", "seed")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class LabRun(Section):
     hidden: int = _int(64, "the small Qwen3's hidden size (when model is null)", lo=8, hi=4096)
     layers: int = _int(2, "the small Qwen3's decoder layers (when model is null)", lo=1, hi=64)
     demos_per_task: int = _int(2, "cold start: scripted-expert conversations per training task", lo=0, hi=1000)
+    demos: str = knob("expert", str, "cold start demonstrations: expert (read, the keyword rule's op, test, submit) "
+                      "or format (the same calls with the op drawn uniformly from the repair ops: the format "
+                      "taught, the decision left to GRPO)", choices=DEMOS)
     clone_steps: int = _int(200, "cold start: behaviour-cloning Adam steps (0: none)", lo=0, hi=100_000)
     clone_lr: float = knob(3e-3, float, "cold start: Adam learning rate", lo=0.0, lo_open=True)
     clone_batch: int = _int(8, "cold start: conversations per cloning step", lo=1, hi=4096)
@@ -44,8 +48,21 @@ class LabRun(Section):
                                 nullable=True)
     probe_group: int = _int(4, "episodes per group of the preflight's two groups (its float64 references hold "
                             "[policy tokens, vocabulary] log-softmaxes)", lo=2, hi=64)
+    dtype: str = knob("fp32", str, "fp32, or bf16 mixed precision (fp32 master weights and Adam; sampler and trainer "
+                      "compute in bf16): a CPU needs amx_bf16 or avx512_bf16, else it is refused", choices=DTYPES)
+    rl: dict = knob({}, dict, "overrides of the pipeline's rl: keys for this lab's GRPO (keep, temperature, "
+                    "clip_eps_high, kl_coef, lr_warmup, ...), validated as rl: is; the lab's own fields set lr, "
+                    "tasks_per_step, episodes_per_task, microbatches, new_tokens and max_turns")
+    max_kl: float | None = knob(None, float, "a bound on each GRPO update: a minibatch whose approximate KL to the "
+                                "sampling policy exceeds it is not stepped and the update ends (null: no bound; "
+                                "the KL is reported either way)", lo=0.0, lo_open=True, nullable=True)
+    signal_tasks: int = _int(8, "after the cold start, the signal check samples this many training tasks x "
+                             "episodes_per_task (groups of the lab's size); 0: no check", lo=0, hi=1024)
+    min_signal: float = knob(0.25, float, "the signal check's gate: the share of its groups whose rewards disagree "
+                             "must reach this, else the lab stops before GRPO (0: report only)", lo=0.0, hi=1.0)
 
     def check(self):
+        rl_overrides(self.rl)
         if self.demos_per_task == 0 and self.clone_steps > 0:
             raise ConfigError("LabRun.clone_steps: a cold start needs demonstrations (demos_per_task > 0); set "
                               "clone_steps: 0 for none")
@@ -55,6 +72,25 @@ class LabRun(Section):
                 raise ConfigError(f"LabRun.hidden: a random-init Qwen3 of hidden {self.hidden} and {self.layers} "
                                   f"layers needs about {need / 2**30:.1f} GiB for its weights, gradients and Adam's "
                                   f"state; this machine has {have / 2**30:.1f} GiB")
+
+
+def rl_overrides(spec) -> dict:
+    """A lab's `rl` overrides, every key and value checked as rl: is (ConfigError naming LabRun.rl.<key>)."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"LabRun.rl: expected a mapping of rl keys, got {spec!r}")
+    allowed = [f.name for f in fields(RLConfig) if f.name not in LAB_OWNED_RL_KEYS]
+    for key in spec:
+        if key in LAB_OWNED_RL_KEYS:
+            raise ConfigError(f"LabRun.rl.{key}: set by the lab's own fields (lr, tasks_per_step, episodes_per_task, "
+                              "microbatches, new_tokens, max_turns), not through rl")
+        if key not in allowed:
+            raise ConfigError(f"LabRun.rl.{key}: unknown key; allowed: {', '.join(allowed)}")
+    try:
+        replace(RLConfig(), **spec)
+    except ConfigError as exc:
+        raise ConfigError(f"LabRun.rl.{str(exc).split(':', 1)[0].split('.', 1)[-1]}:{str(exc).split(':', 1)[1]}") \
+            from None
+    return dict(spec)
 
 
 QWEN3_VOCAB = 151_936   # the pinned Qwen3 tokenizer's vocabulary, which the small random-init Qwen3 uses

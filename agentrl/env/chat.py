@@ -82,11 +82,18 @@ def parse_turn(text: str, end_of_turn: str) -> tuple[str, object]:
     return "call", call
 
 
+def value_span(text: str, key: str) -> tuple[int, int] | None:
+    """The character span of the first `"key": "value"` string value in text, or None."""
+    match = re.search(r'"' + re.escape(key) + r'"\s*:\s*"([^"]*)"', text)
+    return match.span(1) if match else None
+
+
 class ToolChat:
     """A tokenizer's chat template with `tools` (function schemas). Subclasses give the episode's messages
     (`messages(env)`) and turn a parsed turn into the environment's action (`action`)."""
 
     tools: list[dict] = []
+    decision_arguments: tuple = ()   # argument keys whose values decide the action, beside the tool's name
 
     def __init__(self, tokenizer, verify_at_start: bool = True):
         self.tokenizer = tokenizer
@@ -213,6 +220,27 @@ class ToolChat:
 
     def parse(self, turn: list[int]) -> tuple[str, object]:
         return parse_turn(self.decode(turn), self.end_of_turn)
+
+    def decision_tokens(self, turn: list[int]) -> dict[str, list[int]]:
+        """Where a sampled turn decides its action: {"name": positions, <argument>: positions} of the tokens that
+        overlap the call's tool name and the values of `decision_arguments` ({} for a turn with no call). The rest
+        of a call is fixed text (`<tool_call>{"name": "`, ...) whose entropy says nothing about exploration."""
+        pieces = [self.decode([t]) for t in turn]
+        text = "".join(pieces)
+        start = text.find("<tool_call>")
+        if start < 0:
+            return {}
+        ends, at = [], 0
+        for piece in pieces:
+            at += len(piece)
+            ends.append(at)
+        out = {}
+        for key in ("name",) + tuple(self.decision_arguments):
+            span = value_span(text[start:], key)
+            if span is not None:
+                lo, hi = span[0] + start, span[1] + start
+                out[key] = [i for i, end in enumerate(ends) if end > lo and end - len(pieces[i]) < hi]
+        return out
 
     @staticmethod
     def assert_extends(history: list[int], conversation: list[int]) -> list[int]:

@@ -28,16 +28,31 @@ from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.registry import environment
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate
+from agentrl.labs.precision import BF16_FLAGS, check_dtype
+from agentrl.labs.signal import StepSignal, decision_entropy, signal_check
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
 from agentrl.rl.rollout import sample_episodes
 from agentrl.rl.trainer import train
-from agentrl.starting.chat import clone, expert_demo, tools_expert_demo
+from agentrl.starting.chat import clone, expert_demo, format_demo, tools_expert_demo
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
 
 EXPERTS = {"gym": expert_demo, "coding": tools_expert_demo}   # environment -> (env, chat) -> a scripted episode
+FORMAT_ONLY = {"gym": format_demo}   # environment -> (env, chat, generator) -> a format-only episode
+
+
+def demonstrations(run, tasks: list, chat, env_factory, g: torch.Generator) -> list:
+    """The cold start's demonstrations: run.demos_per_task per training task, of the kind run.demos names."""
+    if run.demos == "format":
+        if run.environment not in FORMAT_ONLY:
+            from agentrl.core.config import ConfigError
+            raise ConfigError(f"LabRun.demos: format is defined for the environments "
+                              f"{', '.join(FORMAT_ONLY)}, not {run.environment}; allowed here: expert")
+        return [FORMAT_ONLY[run.environment](env_factory(task, g), chat, g) for task in tasks
+                for _ in range(run.demos_per_task)]
+    return [EXPERTS[run.environment](env_factory(task, g), chat) for task in tasks for _ in range(run.demos_per_task)]
 
 
 def env_factory_for(run, clock=None):
@@ -62,8 +77,8 @@ def peak_memory_mib() -> float:
 
 
 def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
-    """(model, chat, model_dir): run.model if set, else the small Qwen3 made here (written, then loaded back); the
-    chat format is the environment's for the model's template."""
+    """(model, chat, model_dir): run.model if set, else the small Qwen3 made here (written, then loaded back), in
+    run.dtype; the chat format is the environment's for the model's template."""
     from agentrl.backends.hf import check_model_dir, load_model, load_tokenizer, make_small_model
     if run.model:
         model_dir = check_model_dir(run.model, "lab.model")
@@ -73,13 +88,15 @@ def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
         model = make_small_model(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
                                  hidden=run.hidden, layers=run.layers)
     chat = environment(run.environment).formats["chat"](load_tokenizer(model_dir, "lab.model"))
+    model.set_precision(run.dtype)
     return model.to(device), chat, str(model_dir)
 
 
 def rl_config(rl, run):
-    """The project's GRPO config with the lab's knobs."""
-    return replace(rl, lr=run.lr, tasks_per_step=run.tasks_per_step, group_size=run.episodes_per_task,
-                   max_call_tokens=run.new_tokens, minibatches=min(rl.minibatches, run.tasks_per_step),
+    """The project's GRPO config with the lab's knobs and its `rl` overrides."""
+    cfg = replace(rl, **run.rl)
+    return replace(cfg, lr=run.lr, tasks_per_step=run.tasks_per_step, group_size=run.episodes_per_task,
+                   max_call_tokens=run.new_tokens, minibatches=min(cfg.minibatches, run.tasks_per_step),
                    microbatches=run.microbatches, max_turns=run.max_turns)
 
 
@@ -91,7 +108,8 @@ def held_out(model, tasks, chat, run, cfg, env_factory, seed: int, label: str, b
     beh = behavior_stats(res["trajs"])
     out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
-           "entropy": no_grad(action_entropy)(model, res["trajs"], chat)}
+           "entropy": no_grad(action_entropy)(model, res["trajs"], chat),
+           "decision_entropy": decision_entropy(res["trajs"])}
     if all("failed_malformed" in t.record.counts for t in res["trajs"]):
         out.update(tools_behaviour(res["trajs"]))
     return out
@@ -132,9 +150,9 @@ def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator
 
 
 def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
-    """The nine invariants on the probe batch."""
+    """The nine invariants on the probe batch; the update's direction (8) with the config's own kl_coef."""
     trajs, rewards = probe_batch(model, chat, tasks, cfg, env_factory, stream_generator(seed, "lab", "preflight"))
-    res = sanity_checks(model, trajs, chat, cfg)
+    res = sanity_checks(model, trajs, chat, cfg, own_kl_direction=True)
     return {"checks": {name: {"value": float(v), "passed": bool(p)} for name, (v, p) in res.items()},
             "errors": res.errors, "passed": all(p for _, p in res.values()), "episodes": len(trajs),
             "rewards": rewards}
@@ -157,14 +175,28 @@ def weights_digest(model) -> str:
     return h.hexdigest()[:16]
 
 
-def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None) -> dict:
+def gate_failures(gate: dict, signal: dict | None, run) -> list[str]:
+    """Why GRPO should not start: each failed preflight check, and a signal check below run.min_signal."""
+    from agentrl.rl.invariants import CHECKS
+    out = [f"preflight check {CHECKS.index(name) + 1} ({name}) failed: {c['value']:.4g}"
+           for name, c in gate["checks"].items() if not c["passed"]]
+    if signal is not None and signal["informative_share"] < run.min_signal:
+        out.append(f"the signal check found {signal['informative_share']:.2f} of its {signal['groups']} groups "
+                   f"with rewards that disagree, below min_signal {run.min_signal}")
+    return out
+
+
+def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None,
+            past_gates: bool = False) -> dict:
     """The whole lab lab.configs.<name> -> the report's record; writes checkpoints under out_dir and, when its model
-    is null, the small Qwen3 to small_model_dir."""
+    is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it before GRPO
+    (the record says why, under `stopped`) unless past_gates."""
     from agentrl.core.config import lab_run
     lab, rl, seed = params["lab"], params["rl"], params["run"].seed
     run = lab_run(name, lab.configs[name])
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
+    check_dtype(run.dtype, lab.device, f"LabConfig.configs.{name}.dtype")
     start, cpu_start = time.time(), time.process_time()
     timings = {}
 
@@ -173,6 +205,7 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
         log(f"lab {name}: {what} {timings[what]} s")
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
+    history, changed, stopped, signal = [], False, None, {}
     try:
         t0 = time.time()
         model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
@@ -189,43 +222,59 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
 
         t0 = time.time()
         g = stream_generator(seed, "lab", "cold_start")
-        demos = [EXPERTS[run.environment](env_factory(task, g), chat) for task in train_tasks
-                 for _ in range(run.demos_per_task)]
+        demos = demonstrations(run, train_tasks, chat, env_factory, g)
         losses = clone(model, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g) \
             if run.clone_steps else []
         lap("cold_start", t0)
         from agentrl.backends.hf import save_model
         save_model(model, out_dir / "cold_start", chat.hash, tokenizer_dir=model_dir)
 
+        if run.signal_tasks:
+            t0 = time.time()
+            signal["before"] = signal_check(model, chat, train_tasks, run.signal_tasks, cfg, env_factory, seed,
+                                            "before")
+            lap("signal_check", t0)
         t0 = time.time()
         gate = preflight(model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, run.probe_group)),
                          env_factory, seed)
         lap("preflight", t0)
+        failures = gate_failures(gate, signal.get("before"), run)
+        if failures:
+            stopped = {"reasons": failures, "went_on": past_gates}
+            log(f"lab {name}: " + ("gates failed, going on as asked: " if past_gates else "stopped before GRPO: ")
+                + "; ".join(failures))
         t0 = time.time()
         evaluations["before"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "before", lab.eval_batch)
         lap("eval_before", t0)
 
-        t0 = time.time()
-        model.train()
-        digest = weights_digest(model)
-        history = train(model, train_tasks, chat, cfg, run.steps, env=env_factory,
-                        generator=stream_generator(seed, "lab", "grpo"), hooks=hooks)
-        changed = weights_digest(model) != digest
-        lap("grpo", t0)
-        save_model(model, out_dir / "final", chat.hash, tokenizer_dir=model_dir)
-        t0 = time.time()
-        evaluations["after"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "after", lab.eval_batch)
-        lap("eval_after", t0)
+        if not failures or past_gates:
+            t0 = time.time()
+            model.train()
+            digest = weights_digest(model)
+            history = train(model, train_tasks, chat, cfg, run.steps, env=env_factory,
+                            generator=stream_generator(seed, "lab", "grpo"), hooks=[StepSignal(), *hooks],
+                            max_kl=run.max_kl, skip_empty=True)
+            changed = weights_digest(model) != digest
+            lap("grpo", t0)
+            save_model(model, out_dir / "final", chat.hash, tokenizer_dir=model_dir)
+            t0 = time.time()
+            evaluations["after"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "after",
+                                            lab.eval_batch)
+            lap("eval_after", t0)
     finally:
         torch.set_default_device(previous_device)
     from agentrl.backends.hf import honest_name
+    from agentrl.core.numerics import cpu_info
     return {"lab": name, "config": run.to_dict(), "model_dir": model_dir, "model": honest_name(model_dir),
             "backend": model.describe()["backend"], "architecture": model.model_type,
-            "parameters": model.num_params(), "device": lab.device, "seed": seed,
-            "cold_start": {"demos": len(demos), "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1),
+            "parameters": model.num_params(), "device": lab.device, "dtype": run.dtype,
+            "cpu": {"model": cpu_info()["model"], "bf16_flags": sorted(BF16_FLAGS & cpu_info()["flags"])},
+            "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
+            "cold_start": {"demos": len(demos), "kind": run.demos,
+                           "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1),
                            "steps": run.clone_steps, "loss_first": losses[0] if losses else None,
                            "loss_last": losses[-1] if losses else None},
-            "preflight": gate, **evaluations, "history": history, "weights_changed": changed,
-            "timings_s": timings, "wall_s": round(time.time() - start, 1),
+            "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,
+            "weights_changed": changed, "timings_s": timings, "wall_s": round(time.time() - start, 1),
             "cpu_s": round(time.process_time() - cpu_start, 1), "peak_memory_mib": round(peak_memory_mib(), 1),
             "peak_device_memory_mib": peak_device_memory_mib(lab.device)}

@@ -43,11 +43,13 @@ def held_out_stats(record: dict, seed: int) -> dict:
     rates = {k: per_task_rates(record[k]["per_task"]) for k, _ in COLUMNS if k in record}
     first = record["before"]["per_task"]
     out = {"tasks": len(first), "episodes_per_task": next(iter(first.values()))["n"],
-           **{k: _ci(v, seed) for k, v in rates.items()},
-           "gain": _gain(rates["before"], rates["after"], seed)}
+           **{k: _ci(v, seed) for k, v in rates.items()}}
+    if "after" in rates:
+        out["gain"] = _gain(rates["before"], rates["after"], seed)
     if "pretrained" in rates:
         out["cold_start_gain"] = _gain(rates["pretrained"], rates["before"], seed)
-        out["total_gain"] = _gain(rates["pretrained"], rates["after"], seed)
+        if "after" in rates:
+            out["total_gain"] = _gain(rates["pretrained"], rates["after"], seed)
     return out
 
 
@@ -57,8 +59,14 @@ def _mean(history: list, key: str) -> float | None:
 
 
 def training_stats(history: list) -> dict:
-    return {"steps": len(history),
+    return {"steps": len(history), "steps_updated": sum(bool(row.get("updated", "entropy" in row)) for row in history),
             "entropy_per_step": [row.get("entropy") for row in history],
+            "decision_entropy_per_step": [row.get("decision_entropy") for row in history],
+            "op_entropy_per_step": [row.get("decision_entropy_op") for row in history],
+            "informative_per_step": [row.get("informative_share") for row in history],
+            "approx_kl_per_step": [row.get("approx_kl_max") for row in history],
+            "gap_per_step": [row.get("logp_gap") for row in history],
+            "per_family_per_step": [row.get("per_family") for row in history],
             "zero_adv_per_step": [row.get("zero_adv_frac") for row in history],
             "zero_adv_share": _mean(history, "zero_adv_frac"),
             "sampler_trainer_gap_mean": _mean(history, "logp_gap"),
@@ -86,6 +94,10 @@ def shown(record: dict) -> list[tuple[str, str]]:
     """The evaluation columns to show: "after GRPO" only when a step changed the weights."""
     cols = [(k, label) for k, label in COLUMNS if k in record]
     return cols if record["weights_changed"] else [c for c in cols if c[0] != "after"]
+
+
+def steps_text(values: list, digits: int = 3) -> str:
+    return ", ".join(fmt(v, digits) for v in values) if values else "n/a"
 
 
 def behaviour_table(record: dict, rows: list[tuple[str, str]]) -> list[str]:
@@ -117,7 +129,9 @@ def held_out_lines(record: dict, held: dict, training: dict) -> list[str]:
     if record["weights_changed"]:
         out.append(f"| GRPO over the cold start (paired) | {interval(held['gain'], True)} |")
     out.append("")
-    if not record["weights_changed"]:
+    if "after" not in record:
+        out.append("GRPO did not run (see the first lines): no after-GRPO column.")
+    elif not record["weights_changed"]:
         out.append(f"**No GRPO step changed a weight** ({training['steps']} steps, zero-advantage share "
                    f"{fmt(training['zero_adv_share'])}): every group's episodes had equal rewards, so the model after "
                    "GRPO is the cold-start model; no after-GRPO column is shown.")
@@ -125,14 +139,25 @@ def held_out_lines(record: dict, held: dict, training: dict) -> list[str]:
         out.append(f"GRPO's paired gain over the cold start excludes 0 ({'up' if held['gain']['lo'] > 0 else 'down'}).")
     else:
         out.append(f"GRPO's paired gain over the cold start includes 0. Measured: {fmt(training['zero_adv_share'])} "
-                   "of the training groups had equal rewards (no gradient); action-token entropy "
-                   f"{fmt(training['entropy_per_step'][0])} -> {fmt(training['entropy_per_step'][-1])} over the steps.")
+                   "of the training groups had equal rewards (no gradient); decision entropy per call "
+                   f"{steps_text(training['decision_entropy_per_step'][:1])} -> "
+                   f"{steps_text(training['decision_entropy_per_step'][-1:])} nats over the steps.")
     return out
 
 
 def training_lines(record: dict, training: dict) -> list[str]:
     out = ["| column | value |", "|---|---|",
-           f"| action-token entropy per step (nats) | {', '.join(fmt(e) for e in training['entropy_per_step'])} |",
+           f"| steps that made an update (of {training['steps']}) | {training['steps_updated']} |",
+           f"| decision entropy per call, per step (nats: the tool's name and the op) | "
+           f"{steps_text(training['decision_entropy_per_step'])} |",
+           f"| op entropy per edit call, per step (nats; log 5 = 1.61 is uniform) | "
+           f"{steps_text(training['op_entropy_per_step'])} |",
+           f"| share of groups whose rewards disagree, per step | {steps_text(training['informative_per_step'], 2)} |",
+           f"| action-token entropy per step (nats, all policy tokens; n/a: no update) | "
+           f"{steps_text(training['entropy_per_step'])} |",
+           f"| approximate KL to the sampling policy, max per step | {steps_text(training['approx_kl_per_step'], 4)} |",
+           f"| sampler-trainer gap per step (mean nats per token, {record.get('dtype', 'fp32')}) | "
+           f"{steps_text(training['gap_per_step'], 6)} |",
            f"| zero-advantage share per step | {', '.join(fmt(z, 2) for z in training['zero_adv_per_step'])} "
            f"(mean {fmt(training['zero_adv_share'])}) |",
            f"| malformed calls per training episode, per step | "
@@ -147,6 +172,45 @@ def training_lines(record: dict, training: dict) -> list[str]:
         out.append(f"| sandbox share of a training step | {fmt(s['share'])} ({s['runs']} sandboxed steps, "
                    f"{s['seconds']:.1f} s of {s['step_seconds']:.1f} s) |")
     return out
+
+
+def family_lines(training: dict) -> list[str]:
+    """Training passes per family, per GRPO step (passed/episodes)."""
+    steps = [row for row in training["per_family_per_step"] if row]
+    if not steps:
+        return []
+    families = sorted({f for row in steps for f in row})
+    out = ["| step | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    out += [f"| {i} | " + " | ".join("{}/{}".format(*row[f]) if f in row else "-" for f in families) + " |"
+            for i, row in enumerate(training["per_family_per_step"]) if row]
+    return out
+
+
+def signal_lines(signal: dict) -> list[str]:
+    """The signal check after the cold start (and any later one)."""
+    if not signal:
+        return []
+    out = ["| signal check (training tasks) | " + " | ".join(signal) + " |", "|---|" + "---|" * len(signal)]
+    rows = [("groups (episodes)", lambda s: f"{s['groups']} ({s['episodes']})"),
+            ("share of groups whose rewards disagree", lambda s: fmt(s["informative_share"], 2)),
+            ("pass rate", lambda s: fmt(s["pass_rate"])),
+            ("malformed calls per episode", lambda s: fmt(s["malformed"], 2)),
+            ("decision entropy per call (nats)", lambda s: fmt(s["decision_entropy"]["call"])),
+            ("op entropy per edit call (nats)", lambda s: fmt(s["decision_entropy"].get("op"))),
+            ("passed/episodes per family",
+             lambda s: ", ".join(f"{f} {c[0]}/{c[1]}" for f, c in s["per_family"].items()))]
+    out += [f"| {label} | " + " | ".join(get(s) for s in signal.values()) + " |" for label, get in rows]
+    return out
+
+
+def gate_lines(record: dict) -> list[str]:
+    """The first lines of a report whose gates failed."""
+    stopped = record.get("stopped")
+    if not stopped:
+        return []
+    head = ("**The gates failed and the lab went on as asked (`--past-gates`)**: " if stopped["went_on"] else
+            "**Stopped before GRPO**: ")
+    return [head + "; ".join(stopped["reasons"]) + ".", ""]
 
 
 def cost_lines(record: dict) -> list[str]:
@@ -171,9 +235,13 @@ def preflight_lines(gate: dict) -> list[str]:
 def comparison_table(labs: dict) -> list[str]:
     """The committed labs' numbers ({name: numbers}) beside the book's Qwen3-0.6B run, on the same statistics."""
     def gain(n):
+        if "gain" not in n["held_out"]:
+            return "GRPO did not run"
         return interval(n["held_out"]["gain"], True) if n["weights_changed"] else "no weight changed"
 
     def after(n):
+        if "after" not in n["held_out"]:
+            return "n/a"
         return interval(n["held_out"]["after"]) if n["weights_changed"] else "(= after the cold start)"
     out = ["| run | model | as it is | after the cold start | after GRPO | GRPO's paired gain | malformed calls per "
            "episode (cold start -> GRPO) | entropy (first -> last step) | zero-advantage share |",
@@ -184,8 +252,8 @@ def comparison_table(labs: dict) -> list[str]:
         h, t = n["held_out"], n["training"]
         out.append(f"| `{name}` | {n['model']} | {interval(h['pretrained']) if 'pretrained' in h else 'n/a'} | "
                    f"{interval(h['before'])} | {after(n)} | {gain(n)} | {fmt(n['before']['malformed'], 2)} -> "
-                   f"{fmt(n['after']['malformed'], 2)} | {fmt(t['entropy_per_step'][0])} -> "
-                   f"{fmt(t['entropy_per_step'][-1])} | {fmt(t['zero_adv_share'])} |")
+                   f"{fmt(n.get('after', {}).get('malformed'), 2)} | {steps_text(t['entropy_per_step'][:1])} -> "
+                   f"{steps_text(t['entropy_per_step'][-1:])} | {fmt(t['zero_adv_share'])} |")
     return out
 
 
@@ -224,19 +292,29 @@ def lab_report(record: dict) -> tuple[dict, str]:
         model=record["model"], parameters=record["parameters"], architecture=record["architecture"],
         expert=EXPERTS.get(env, "a scripted expert"))
     cold = record["cold_start"]
-    md = [f"# Lab `{record['lab']}`: the recipe on {record['model']} ({env} environment)", "", f"**{label}**", "",
+    kind = {"format": "format-only conversations (the op drawn uniformly)"}.get(cold.get("kind"),
+                                                                               "scripted-expert conversations")
+    cpu = record.get("cpu") or {}
+    rl = record.get("rl") or {}
+    md = [f"# Lab `{record['lab']}`: the recipe on {record['model']} ({env} environment)", "", *gate_lines(record),
+          f"**{label}**", "",
           f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
-          f"{record['parameters']:,} parameters, device {record['device']}), seed {seed}. Cold start: "
-          f"{cold['demos']} scripted-expert conversations (expert pass {cold['demo_pass']:.2f}), {cold['steps']} "
+          f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}; "
+          f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}), seed {seed}. "
+          f"Cold start: {cold['demos']} {kind} (demonstration pass {cold['demo_pass']:.2f}), {cold['steps']} "
           f"steps, cross-entropy {fmt(cold['loss_first'], 2)} -> {fmt(cold['loss_last'], 2)}. GRPO: "
-          f"{training['steps']} steps.", "",
+          f"{training['steps']} steps of {rl.get('tasks_per_step', '?')} tasks x {rl.get('group_size', '?')} "
+          f"episodes, Adam at lr {rl.get('lr', '?')} (warm-up {rl.get('lr_warmup', 0)} steps), keep "
+          f"{rl.get('keep', '?')}, {rl.get('minibatches', '?')} minibatches, temperature {rl.get('temperature', '?')}, "
+          f"KL bound {record['config'].get('max_kl')}.", "",
           "## Held-out pass (hidden tests)", "", *held_out_lines(record, held, training), "",
           *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), ""]
     if env == "coding":
         md += [*coding_tables(record), "",
                "A final answer 'claims success' by a word heuristic (agentrl.env.coding.environment.claims_success).",
                ""]
-    md += ["## Training (GRPO steps)", "", *training_lines(record, training), "",
+    md += ["## Signal after the cold start", "", *signal_lines(record.get("signal") or {}), "",
+           "## Training (GRPO steps)", "", *training_lines(record, training), "", *family_lines(training), "",
            "## Per-task counts (held-out)", "", *per_task_table(record), "",
            "## Preflight", "", *preflight_lines(record["preflight"]), "",
            "## Cost", "", *cost_lines(record), ""]

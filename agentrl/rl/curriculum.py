@@ -8,7 +8,8 @@ weight is ever 0. The estimates come from the dashboard history (each row record
 """
 from __future__ import annotations
 
-from agentrl.core.config import CURRICULA, RLConfig
+from agentrl.core.config import RLConfig
+from agentrl.core.variants import CURRICULA
 
 
 def task_outcomes(trajs: list) -> dict:

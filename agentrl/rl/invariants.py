@@ -215,11 +215,16 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 # ---------------------------------------------------------------- all nine
 
-def sanity_checks(model, trajs: list, tok, cfg: RLConfig, seams: Seams = SEAMS) -> Results:
+def sanity_checks(model, trajs: list, tok, cfg: RLConfig, seams: Seams = SEAMS, own_kl_direction: bool = False
+                  ) -> Results:
     """The nine invariants on one step-0 batch -> {check: (value, passed)} (Results, with .errors). A variant of
-    the objective without an independent re-derivation (agentrl.rl.references) is refused before any check."""
+    the objective without an independent re-derivation (agentrl.rl.references) is refused before any check.
+    With `own_kl_direction`, invariants 7 and 8 come from an update with the config's own kl_coef and only 9 from
+    the one with the KL raised to 0.1: on a policy as certain as a cloned pretrained model, the raised KL term
+    stepped by Adam can turn the direction of an update the run never makes (docs/labs.md)."""
     refs.check_derivable(cfg)
-    cfg = replace(cfg, minibatches=max(2, cfg.minibatches), epochs=max(2, cfg.epochs), kl_coef=max(cfg.kl_coef, 0.1))
+    own = replace(cfg, minibatches=max(2, cfg.minibatches), epochs=max(2, cfg.epochs))
+    cfg = replace(own, kl_coef=max(cfg.kl_coef, 0.1))
     sampler_temp = seams.sampler_temperature(cfg)
 
     def prepared(width=None):
@@ -240,6 +245,11 @@ def sanity_checks(model, trajs: list, tok, cfg: RLConfig, seams: Seams = SEAMS) 
              (("accumulation",), lambda: check_gradient(model, mbs[0], cfg, seams)),
              (("old_logp_frozen", "update_direction", "kl_to_reference"),
               lambda: check_update(model, batch, truth, cfg, seams))]
+    if own_kl_direction and own.kl_coef != cfg.kl_coef:
+        steps[-1] = (("kl_to_reference",), lambda: {"kl_to_reference": check_update(model, batch, truth, cfg,
+                                                                                    seams)["kl_to_reference"]})
+        steps.append((("old_logp_frozen", "update_direction"), lambda: {
+            k: v for k, v in check_update(model, batch, truth, own, seams).items() if k != "kl_to_reference"}))
     values, errors = {}, {}
     for names, run in steps:
         try:

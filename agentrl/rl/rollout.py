@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.core.config import KEEP_MODES
+from agentrl.core.variants import KEEP_MODES
 from agentrl.env.base import EpisodeRecord
 from agentrl.model.logprobs import draw
 from agentrl.model.packing import pad_rows
@@ -26,6 +26,8 @@ class Trajectory:
     reward: float
     record: EpisodeRecord       # what the episode did (agentrl.env.base)
     group: int = 0
+    decisions: list = field(default_factory=list)   # per call, {key: nats}: the sampler's entropy summed over the
+                                                    # tokens that decide it (formats with `decision_tokens` only)
     action_mask: list[int] = field(init=False)  # aligned to ids[1:]: 1 where the target was sampled by the policy
 
     def __post_init__(self):
@@ -49,15 +51,20 @@ def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperat
     logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
     sampler = model.sampler(fmt.pad_id)
     alive = list(range(len(envs)))                     # the episode of each sampler row
+    decide = getattr(fmt, "decision_tokens", None)
+    decisions = [[] for _ in envs]
     last_logits = sampler.append(ids)
     while alive:
-        calls, call_logp = _sample_calls(sampler, last_logits, generator, temperature, max_call_tokens,
-                                         fmt.stop_id, fmt.pad_id)
+        calls, call_logp, call_entropy = _sample_calls(sampler, last_logits, generator, temperature,
+                                                       max_call_tokens, fmt.stop_id, fmt.pad_id, decide is not None)
         replies, going = [], []
         for i, r in enumerate(alive):
             ids[r] += calls[i]
             owner[r] += [OWNER["policy"]] * len(calls[i])
             logp[r] += call_logp[i]
+            if decide is not None:
+                decisions[r].append({key: sum(call_entropy[i][k] for k in at)
+                                     for key, at in decide(calls[i]).items()})
             obs = envs[r].step(fmt.action(calls[i]))
             if obs is not None:  # otherwise the episode ended on the policy's own last token
                 reply = fmt.reply(obs, closed=calls[i][-1] == fmt.stop_id)
@@ -72,17 +79,20 @@ def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperat
             sampler.keep(torch.tensor(going))
             alive = [alive[i] for i in going]
         last_logits = sampler.append(replies)
-    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record()) for r, env in enumerate(envs)]
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record(), decisions=decisions[r])
+            for r, env in enumerate(envs)]
 
 
 def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator, temperature: float,
-                  max_call_tokens: int, end_call: int, pad_id: int):
+                  max_call_tokens: int, end_call: int, pad_id: int, entropy: bool = False):
     """Every sampler row generates one turn, token by token: one draw from softmax(logits / temperature) and one
     cached forward per token over the rows still in their turn, until `end_call` or max_call_tokens. Updates
-    last_logits in place; returns the turns' ids and the sampler's log-probs, one list per row."""
+    last_logits in place; returns the turns' ids, the sampler's log-probs and (with `entropy`, else None) the
+    entropy of each drawn token's distribution, one list per row."""
     n = last_logits.shape[0]
     tokens = torch.full((n, max_call_tokens), pad_id, dtype=torch.long)
     token_logp = torch.zeros(n, max_call_tokens)
+    token_entropy = torch.zeros(n, max_call_tokens) if entropy else None
     in_call = torch.ones(n, dtype=torch.bool)
     call_len = torch.zeros(n, dtype=torch.long)
     for k in range(max_call_tokens):
@@ -90,9 +100,11 @@ def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator
         if rows.numel() == 0:
             break
         scaled = last_logits[rows] / temperature
-        token, logp = draw(scaled, generator)
+        token, logp, *spread = draw(scaled, generator, entropy)
         tokens[rows, k] = token
         token_logp[rows, k] = logp
+        if entropy:
+            token_entropy[rows, k] = spread[0]
         step_ids = torch.full((n, 1), pad_id, dtype=torch.long)
         step_ids[rows, 0] = token
         last_logits[rows] = sampler.step(step_ids, in_call)
@@ -100,7 +112,8 @@ def _sample_calls(sampler, last_logits: torch.Tensor, generator: torch.Generator
         in_call[rows] = token != end_call
     counts = call_len.tolist()
     return ([row[:c] for row, c in zip(tokens.tolist(), counts)],
-            [row[:c] for row, c in zip(token_logp.tolist(), counts)])
+            [row[:c] for row, c in zip(token_logp.tolist(), counts)],
+            [row[:c] for row, c in zip(token_entropy.tolist(), counts)] if entropy else None)
 
 
 def collate(trajs: list[Trajectory], pad_id: int, width: int | None = None) -> dict:

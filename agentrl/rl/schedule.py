@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from agentrl.core.config import LR_SCHEDULES, RLConfig
+from agentrl.core.config import RLConfig
+from agentrl.core.variants import LR_SCHEDULES
 
 
 @LR_SCHEDULES.register("constant")

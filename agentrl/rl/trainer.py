@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.core.config import LOSS_MODES, ConfigError, Diverged, RLConfig
+from agentrl.core.config import ConfigError, Diverged, RLConfig
 from agentrl.core.seeding import generator as stream_generator
+from agentrl.core.variants import LOSS_MODES
 from agentrl.rl.curriculum import curriculum_row, task_weights
 from agentrl.rl.dashboard import batch_hash, dashboard_row
 from agentrl.rl.objectives import (
@@ -253,14 +254,23 @@ def kl_to_ref(model, ref, batch: dict, cfg: RLConfig, ref_logp: torch.Tensor | N
     return float(masked_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch["action_mask"]))
 
 
+def carries_gradient(batch: dict, cfg: RLConfig) -> bool:
+    """Whether the loss of a prepared batch can have a non-zero gradient: some advantage is non-zero, or a KL or
+    entropy term is on."""
+    return bool(batch["advantages"].abs().sum() > 0) or cfg.kl_coef > 0 or bool(cfg.entropy_coef)
+
+
 def _finite(x: float) -> bool:
     return x == x and x not in (float("inf"), float("-inf"))
 
 
-def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Seams = SEAMS) -> dict:
+def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Seams = SEAMS,
+              max_kl: float | None = None) -> dict:
     """One GRPO update on a prepared batch. Old log-probs are computed once, from the weights that sampled the
     batch, and stay frozen for every minibatch and epoch. Raises NonFiniteError on a non-finite loss or gradient
-    norm, before that optimizer step. Returns per-update statistics."""
+    norm, before that optimizer step. With `max_kl`, a minibatch whose approximate KL to the sampling policy (measured
+    before its step) exceeds it is not stepped and the update ends there (`kl_stopped` 1). Returns per-update
+    statistics."""
     mbs = [mb_view(batch, sl) for sl in minibatch_slices(batch["ids"].shape[0], cfg.minibatches)]
     recomputed, stats = pre_update_pass(model, mbs, cfg.temperature)
     old = seams.old_log_probs(mbs, recomputed)
@@ -268,6 +278,8 @@ def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Sea
     frozen_ref = frozen_ref_log_probs(model, ref, mbs, loss_cfg)
     backward = seams.backward or accumulate_backward
     per_mb: list[dict] = []
+    if max_kl is not None:
+        stats.update(kl_stopped=0, optimizer_steps=0)
     for _ in range(cfg.epochs):
         for i, (mb, old_logp) in enumerate(zip(mbs, old)):
             ref_logp = frozen_ref[i] if frozen_ref is not None else ref_log_probs(ref, mb, loss_cfg)
@@ -282,7 +294,14 @@ def rl_update(model, optimizer, batch: dict, cfg: RLConfig, ref=None, seams: Sea
                 what = "loss" if not _finite(loss) else "gradient"
                 raise NonFiniteError(f"non-finite {what} in minibatch {len(per_mb) - 1} (loss={loss}, "
                                      f"grad_norm={st['grad_norm']})", stats)
+            if max_kl is not None and st["approx_kl"] > max_kl:
+                stats["kl_stopped"] = 1
+                break
             optimizer.step()
+            if max_kl is not None:
+                stats["optimizer_steps"] += 1
+        if stats.get("kl_stopped"):
+            break
     stats.update(summarize_minibatches(per_mb))
     if ref is not None and cfg.kl_coef > 0:
         stats["kl_ref"] = kl_to_ref(model, ref, batch, loss_cfg,
@@ -304,6 +323,7 @@ class TrainState:
     batch: dict | None = None          # the current step's prepared batch (for guards' replay bundles)
     update: dict | None = None         # the current step's update statistics
     cfg: RLConfig | None = None        # the current step's config (agentrl.rl.schedule.step_config)
+    sampled: list | None = None        # every episode the current step played (kept or not)
 
 
 class Hook:
@@ -330,11 +350,13 @@ class Hook:
 
 def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, env, seams: Seams = SEAMS, hooks=(),
           generator: torch.Generator | None = None, optimizer=None, ref=None, history: list | None = None,
-          start_step: int = 0) -> list[dict]:
+          start_step: int = 0, max_kl: float | None = None, skip_empty: bool = False) -> list[dict]:
     """GRPO for `steps` steps of the policy backend `model` (continuing from start_step with the given
     optimizer/generator/history when resuming), in the conversation format `tok` (agentrl.env.formats; the gym's
     word-level tokenizer is one) on the episodes `env(task, generator)` makes (an environment's factory,
-    agentrl.env.base.EnvironmentSpec.make). Returns the history: one dashboard row per step."""
+    agentrl.env.base.EnvironmentSpec.make). `max_kl` bounds each update (rl_update); with `skip_empty` a step whose
+    kept episodes carry no gradient (every advantage 0, no KL or entropy term) makes no update, so Adam does not
+    step on its momentum alone. Returns the history: one dashboard row per step."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
     if not tasks:
@@ -356,11 +378,14 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, env, seams: Sea
             hook.before_step(step, state)
         kept, sampled = sample_step(model, env, tasks, tok, step_cfg, generator, temperature,
                                     task_weights(cfg, tasks, state.history))
+        state.sampled = sampled
         state.batch = prepare_batch(kept, tok, step_cfg, seams) if kept else None   # no informative group: no update
+        if skip_empty and state.batch is not None and not carries_gradient(state.batch, step_cfg):
+            state.batch, kept = None, []
         for hook in hooks:
             hook.before_update(step, state)
         try:
-            update = rl_update(model, optimizer, state.batch, step_cfg, ref, seams) if kept else {}
+            update = rl_update(model, optimizer, state.batch, step_cfg, ref, seams, max_kl) if kept else {}
         except NonFiniteError as exc:
             for hook in hooks:
                 hook.on_failure(step, state, exc)
@@ -375,5 +400,5 @@ def train(model, tasks: list, tok, cfg: RLConfig, steps: int, *, env, seams: Sea
         state.history.append(row)
         for hook in hooks:
             hook.after_step(step + 1, state)
-    state.batch = state.update = state.cfg = None
+    state.batch = state.update = state.cfg = state.sampled = None
     return state.history

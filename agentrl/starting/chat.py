@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.env.gym.callers import ExpertCaller
+from agentrl.env.gym.callers import ExpertCaller, call_tokens
 from agentrl.env.gym.environment import CALL, END_CALL
+from agentrl.env.ops import REPAIR_OPS
 from agentrl.rl.rollout import OWNER, Trajectory
 from agentrl.starting.tinyagent import train_sft
 
@@ -42,6 +43,28 @@ def expert_demo(env, chat, caller=None) -> Trajectory:
             ids += reply
             owner += [OWNER["env"]] * len(reply)
     return Trajectory(ids, owner, [0.0] * (len(ids) - 1), env.reward, env.record())
+
+
+class FormatCaller(ExpertCaller):
+    """The expert's calls (read, edit, test, submit) with the op drawn uniformly from the repair ops: demonstrations
+    of the format that leave the decision to the reward."""
+
+    def __init__(self, generator: torch.Generator):
+        super().__init__()
+        self.generator = generator
+
+    def __call__(self, obs):
+        call = super().__call__(obs)
+        if self.turn == 2:
+            self.op = REPAIR_OPS[int(torch.randint(len(REPAIR_OPS), (1,), generator=self.generator,
+                                                   device=self.generator.device))]
+            call = call_tokens("edit", self.op)
+        return call
+
+
+def format_demo(env, chat, generator: torch.Generator) -> Trajectory:
+    """One format-only episode (FormatCaller) as a trajectory in the chat format."""
+    return expert_demo(env, chat, FormatCaller(generator))
 
 
 def expert_demos(tasks: list, chat, env_factory, per_task: int, generator: torch.Generator) -> list[Trajectory]:

@@ -56,6 +56,7 @@ class GymToolChat(ToolChat):
     """The gym's episodes in a chat template, the four tools as function schemas."""
 
     tools = TOOL_SCHEMAS
+    decision_arguments = ("op",)
 
     def messages_for(self, name: str) -> list[dict]:
         return [user_message(name)]
