@@ -12,8 +12,6 @@ import pytest
 import yaml
 
 from agentrl.core.config import (
-    KL_KINDS,
-    LOSS_MODES,
     REWARDS,
     SECTIONS,
     ParamsError,
@@ -23,6 +21,7 @@ from agentrl.core.config import (
     load_section,
     read_params_file,
 )
+from agentrl.core.variants import KL_KINDS, LOSS_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 
