@@ -10,10 +10,12 @@ from agentrl.env.coding.spec import CODING
 from agentrl.env.gym.spec import GYM
 from agentrl.pipeline.instances import StageArguments, matrix_instance
 from agentrl.pipeline.stage import entry, run_stage
+from agentrl.rl import variants
 
 SECTIONS = ["rl", "lab"]
 READS = {"lab": ["device", "eval_batch", "configs"]}   # an instance reads its own entry of lab.configs
-USES = (HF, GYM, CODING)   # the registered entries it uses (imported: its code deps hold their modules)
+USES = (HF, GYM, CODING, variants)   # the registered entries it uses (imported: its code deps hold their modules)
+# (variants: the rl section and each lab's rl overrides name registered variants, checked before the lab runs)
 
 
 def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:

@@ -124,3 +124,23 @@ def test_a_stage_that_validates_rl_knobs_imports_what_registers_their_variants()
         if {"rl", "ablate"} & set(importlib.import_module(f"stages.{script.stem}").SECTIONS):
             missing = registering - set(code_closure(f"stages/{script.stem}.py", REPO))
             assert not missing, (script.stem, missing)
+
+
+VALIDATE = """
+import importlib, sys
+from agentrl.core.config import load_params
+stage = importlib.import_module("stages." + sys.argv[1])
+load_params(list(dict.fromkeys(["run"] + list(stage.SECTIONS))), "params.yaml")
+"""
+
+
+@pytest.mark.slow   # a process per stage
+def test_each_stage_validates_its_sections_with_what_it_imports_at_the_top():
+    """In a fresh process, what a stage module imports before its body runs is enough to validate its params
+    sections (run_stage validates them before the body, which may import more): a registry knob whose variants only
+    the body would register is the refusal `no KL estimator is registered in this process`."""
+    scripts = sorted(p.stem for p in (REPO / "stages").glob("*.py") if p.stem != "__init__")
+    procs = {s: subprocess.Popen([sys.executable, "-c", VALIDATE, s], cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for s in scripts}
+    failed = {s: p.communicate(timeout=300)[1].strip().splitlines()[-1:] for s, p in procs.items()}
+    assert {s: err for s, err in failed.items() if procs[s].returncode != 0} == {}
