@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from agentrl.core.knobs import ConfigError, Section, knob
 from agentrl.core.knobs import int_knob as _int
 from agentrl.core.numerics import NUMERICS_MODES
-from agentrl.core.rl_config import RLConfig
+from agentrl.core.rl_config import SEED, RLConfig
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16")
@@ -56,6 +56,9 @@ class LabRun(Section):
     max_kl: float | None = knob(None, float, "a bound on each GRPO update: a minibatch whose approximate KL to the "
                                 "sampling policy exceeds it is not stepped and the update ends (null: no bound; "
                                 "the KL is reported either way)", lo=0.0, lo_open=True, nullable=True)
+    seed: int | None = knob(None, int, "this lab's seed: every random stream of the lab derives from it (null: "
+                            "run.seed); the same config at several seeds, each its own lab, is pooled by study labs",
+                            nullable=True, **SEED)
     signal_tasks: int = _int(8, "after the cold start, the signal check samples this many training tasks x "
                              "episodes_per_task (groups of the lab's size); 0: no check", lo=0, hi=1024)
     min_signal: float = knob(0.25, float, "the signal check's gate: the share of its groups whose rewards disagree "

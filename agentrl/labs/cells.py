@@ -25,7 +25,7 @@ from agentrl.core.config import ConfigError, lab_run
 from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.tasks import make_tasks
 from agentrl.labs.precision import check_dtype
-from agentrl.labs.recipe import demonstrations, env_factory_for, load_policy, rl_config
+from agentrl.labs.recipe import demonstrations, env_factory_for, lab_seed, load_policy, rl_config
 from agentrl.labs.signal import StepSignal, signal_check
 from agentrl.rl.trainer import train
 from agentrl.starting.chat import clone
@@ -94,8 +94,9 @@ def cold_start(run, seed: int, model_dir_for_small: Path, device: str, log):
 
 
 def run_cell(name: str, params: dict, changes: dict, steps: int, log=print) -> dict:
-    lab, rl, seed = params["lab"], params["rl"], params["run"].seed
+    lab, rl = params["lab"], params["rl"]
     run = lab_run(name, cell_spec(lab.configs[name], changes))
+    seed = lab_seed(run, params)
     check_dtype(run.dtype, lab.device, f"labcells {name}: dtype")
     if not run.signal_tasks:
         raise ConfigError("labcells: signal_tasks must be > 0 (the check before and after is the cell's result)")

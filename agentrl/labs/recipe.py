@@ -11,7 +11,8 @@ lab (the generic coding tools of agentrl.env.coding, model-written code graded i
     evaluate   held-out pass after, paired with before per task (agentrl.eval.stats)
     report     agentrl.labs.report: reports/labs/menu.{json,md}
 
-Every tensor and the model live on lab.device; every random stream is a generator derived from run.seed.
+Every tensor and the model live on lab.device; every random stream is a generator derived from the lab's seed (its
+`seed`, else run.seed).
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def rl_config(rl, run):
     cfg = replace(rl, **run.rl)
     return replace(cfg, lr=run.lr, tasks_per_step=run.tasks_per_step, group_size=run.episodes_per_task,
                    max_call_tokens=run.new_tokens, minibatches=min(cfg.minibatches, run.tasks_per_step),
-                   microbatches=run.microbatches, max_turns=run.max_turns)
+                   microbatches=run.microbatches, max_turns=run.max_turns,
+                   seed=cfg.seed if run.seed is None else run.seed)
 
 
 def held_out(model, tasks, chat, run, cfg, env_factory, seed: int, label: str, batch: int) -> dict:
@@ -186,14 +188,20 @@ def gate_failures(gate: dict, signal: dict | None, run) -> list[str]:
     return out
 
 
+def lab_seed(run, params: dict) -> int:
+    """The seed every random stream of a lab derives from: the lab's own, else run.seed."""
+    return params["run"].seed if run.seed is None else run.seed
+
+
 def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None,
             past_gates: bool = False) -> dict:
     """The whole lab lab.configs.<name> -> the report's record; writes checkpoints under out_dir and, when its model
     is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it before GRPO
     (the record says why, under `stopped`) unless past_gates."""
     from agentrl.core.config import lab_run
-    lab, rl, seed = params["lab"], params["rl"], params["run"].seed
+    lab, rl = params["lab"], params["rl"]
     run = lab_run(name, lab.configs[name])
+    seed = lab_seed(run, params)
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
     check_dtype(run.dtype, lab.device, f"LabConfig.configs.{name}.dtype")
