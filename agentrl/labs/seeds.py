@@ -24,7 +24,8 @@ def seed_groups(labs: dict) -> list[list[str]]:
     """Names of the labs that share a config at two or more different seeds, each group ordered by seed."""
     groups: dict[str, list[str]] = {}
     for name, numbers in sorted(labs.items()):
-        groups.setdefault(config_key(numbers), []).append(name)
+        if "config" in numbers and "seed" in numbers:   # reports older than the config record stay out
+            groups.setdefault(config_key(numbers), []).append(name)
     return [sorted(names, key=lambda n: labs[n]["seed"]) for names in groups.values()
             if len({labs[n]["seed"] for n in names}) > 1]
 

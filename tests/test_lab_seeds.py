@@ -1,0 +1,102 @@
+"""One lab config at several seeds: a lab's own `seed` drives its streams, the seeds' configs are the base config's,
+and study labs pools them (each task's rate averaged over the seeds, then the task bootstrap), on hand-computed
+vectors."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from agentrl.core.config import ParamsError, lab_run, load_params, load_section
+from agentrl.labs.seeds import pooled, seed_groups
+
+
+def _counts(*passes: int, n: int = 4) -> dict:
+    return {f"t{i}": {"c": c, "n": n} for i, c in enumerate(passes)}
+
+
+def _lab(seed: int, before: dict, after: dict, **config) -> dict:
+    """A lab's numbers as lab_report writes them, from per-task counts."""
+    record = {"seed": seed, "lab": f"lab{seed}", "config": {"environment": "gym", "lr": 3e-6, **config},
+              "before": {"per_task": before, "malformed": 0.0}, "after": {"per_task": after, "malformed": 0.0},
+              "history": [{"entropy": 0.1, "updated": True}], "model": "M", "parameters": 10,
+              "architecture": "A", "cold_start": {}, "weights_changed": True}
+    numbers = {k: v for k, v in record.items() if k != "history"}
+    from agentrl.labs.report import held_out_stats, training_stats
+    numbers.update({"held_out": held_out_stats(record, seed), "training": training_stats(record["history"])})
+    return numbers
+
+
+def test_a_labs_own_seed_beats_run_seed_and_null_falls_back_to_it():
+    import agentrl.rl.variants  # noqa: F401  (the rl section names registered variants)
+    from agentrl.labs.recipe import lab_seed, rl_config
+    params = {"run": load_section("run", {"run": {"seed": 7}}), "rl": load_section("rl", {"rl": {}}, seed=7)}
+    own, inherited = lab_run("a", {"seed": 3}), lab_run("b", {})
+    assert lab_seed(own, params) == 3 and lab_seed(inherited, params) == 7
+    assert rl_config(params["rl"], own).seed == 3 and rl_config(params["rl"], inherited).seed == 7
+
+
+def test_a_bad_lab_seed_is_one_line_naming_it():
+    with pytest.raises(ParamsError, match=r"lab.configs.x.seed: expected an integer in \[0, 18446744073709551615\] "
+                                          r"or null, got -1") as err:
+        load_section("lab", {"lab": {"configs": {"x": {"seed": -1}}}})
+    assert "\n" not in str(err.value)
+
+
+def test_the_committed_seed_labs_are_smollm2_at_another_seed(repo_root):
+    import agentrl.rl.variants  # noqa: F401
+    configs = load_params(["run", "rl", "lab"], repo_root / "params.yaml")["lab"].configs
+    base = lab_run("smollm2", configs["smollm2"])
+    assert base.seed is None
+    for name, seed in (("smollm2_seed1", 1), ("smollm2_seed2", 2)):
+        run = lab_run(name, configs[name])
+        assert run.seed == seed and replace(run, seed=None) == base
+
+
+def test_labs_group_by_config_without_seed_and_order_by_seed():
+    before, after = _counts(0, 2), _counts(2, 2)
+    labs = {"b": _lab(2, before, after), "a": _lab(0, before, after), "c": _lab(1, before, after),
+            "other": _lab(0, before, after, lr=1e-6), "other_again": _lab(0, before, after, lr=1e-6),
+            "old": {"model": "M"}}   # one config at one seed twice is not a seed group; an old report has no config
+    assert seed_groups(labs) == [["a", "c", "b"]]
+
+
+def test_pooled_averages_each_task_over_the_seeds_then_bootstraps_tasks():
+    # seed 0: before [0, .5], after [.5, .5]; seed 1: before [0, 0], after [1, .5]
+    # pooled per task: before [0, .25], after [.75, .5]; paired differences [.75, .25]
+    a = _lab(0, _counts(0, 2), _counts(2, 2))
+    b = _lab(1, _counts(0, 0), _counts(4, 2))
+    p = pooled([a, b], seed=0)
+    assert p["seeds"] == [0, 1] and p["tasks"] == 2
+    assert p["before"]["mean"] == pytest.approx(0.125) and p["after"]["mean"] == pytest.approx(0.625)
+    assert p["gain"]["mean"] == pytest.approx(0.5)
+    # two tasks: a resample's mean difference is .25, .5 or .75, so the 95% interval is [.25, .75]
+    assert (p["gain"]["lo"], p["gain"]["hi"]) == pytest.approx((0.25, 0.75))
+    # the seeds' own gains: +.25 and +.75
+    assert p["seed_gains"]["min"] == pytest.approx(0.25) and p["seed_gains"]["max"] == pytest.approx(0.75)
+
+
+def test_seeds_on_different_task_sets_are_not_pooled():
+    a = _lab(0, _counts(0, 2), _counts(2, 2))
+    b = _lab(1, _counts(0, 0, 1), _counts(4, 2, 1))
+    with pytest.raises(ValueError, match="task sets differ"):
+        pooled([a, b], seed=0)
+
+
+def test_the_labs_study_shows_each_seed_and_the_pooled_gain(tmp_path, monkeypatch, capsys):
+    from agentrl import cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports" / "labs").mkdir(parents=True)
+    for name, numbers in (("smol", _lab(0, _counts(0, 2), _counts(2, 2))),
+                          ("smol_seed1", _lab(1, _counts(0, 0), _counts(4, 2)))):
+        (tmp_path / "reports" / "labs" / f"{name}.json").write_text(json.dumps(numbers))
+    assert cli.main(["study", "labs"]) == 0
+    md = (tmp_path / "reports" / "labs" / "comparison.md").read_text()
+    assert "### `smol` at 2 seeds" in md
+    assert "| `smol_seed1` | 1 | 0.000 [0.000, 0.000] (no episode succeeded) | 0.750 [0.500, 1.000] | " \
+           "+0.750 [+0.500, +1.000] | 1 of 1 |" in md
+    assert "| pooled (2 tasks, each the mean of its seeds) | 0, 1 | 0.125 [0.000, 0.250] | 0.625 [0.500, 0.750] | " \
+           "**+0.500 [+0.250, +0.750]** | |" in md
+    assert "The pooled gain excludes 0." in md
+    numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
+    assert numbers["seeds"]["smol"]["labs"] == ["smol", "smol_seed1"]
+
