@@ -58,6 +58,8 @@ def test_labs_group_by_config_without_seed_and_order_by_seed():
             "other": _lab(0, before, after, lr=1e-6), "other_again": _lab(0, before, after, lr=1e-6),
             "old": {"model": "M"}}   # one config at one seed twice is not a seed group; an old report has no config
     assert seed_groups(labs) == [["a", "c", "b"]]
+    gpu = {**_lab(0, before, after), "device": "cuda"}   # the same config on another device is not another seed
+    assert seed_groups({**labs, "a_again": _lab(0, before, after), "gpu": gpu}) == [["a", "c", "b"]]
 
 
 def test_pooled_averages_each_task_over_the_seeds_then_bootstraps_tasks():
@@ -100,3 +102,38 @@ def test_the_labs_study_shows_each_seed_and_the_pooled_gain(tmp_path, monkeypatc
     numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
     assert numbers["seeds"]["smol"]["labs"] == ["smol", "smol_seed1"]
 
+
+
+def test_a_direct_lab_with_a_wrong_name_is_one_line_before_anything_is_written(tmp_path, repo_root):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "nope", "--device", "cpu",
+                           "--out", str(tmp_path / "out")], cwd=repo_root, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: --lab: unknown value 'nope'; allowed: menu")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_direct_lab_runs_outside_dvc_and_records_where_it_ran(tmp_path, repo_root, qwen3_tokenizer):
+    """The lab without DVC or MLflow (agentrl.labs.direct) on a shortened menu config at a lab seed of its own: the
+    same report as the stage's, with the device, versions, numerics and commit it ran at."""
+    import subprocess
+    import sys
+
+    import yaml
+    from test_labs import SHORT_LAB
+    params = tmp_path / "params.yaml"
+    menu = {**SHORT_LAB["configs"]["menu"], "seed": 5}
+    committed = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params.write_text(yaml.safe_dump({**committed, "lab": {**SHORT_LAB, "runs": [], "configs": {"menu": menu}}}))
+    done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "menu", "--device", "cpu",
+                           "--params", str(params), "--out", str(tmp_path / "out"), "--threads", "2"],
+                          cwd=repo_root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    numbers = json.loads((tmp_path / "out" / "menu-cpu-fp32.json").read_text())
+    md = (tmp_path / "out" / "menu-cpu-fp32.md").read_text()
+    assert numbers["seed"] == 5 and numbers["device"] == "cpu" and "before" in numbers["held_out"]
+    run = numbers["direct_run"]
+    assert run["threads"] == 2 and run["numerics"] == "portable" and run["transformers"]
+    assert run["git"] is None or len(run["git"]["commit"]) == 40
+    assert md.startswith("# Lab `menu`")

@@ -16,18 +16,26 @@ from agentrl.labs.report import N_BOOT, fmt, interval, per_task_rates
 
 
 def config_key(numbers: dict) -> str:
-    """A lab's config without its seed: labs with the same key are one config at several seeds."""
-    return json.dumps({k: v for k, v in numbers["config"].items() if k != "seed"}, sort_keys=True)
+    """A lab's config without its seed, and its device: labs with the same key are one config at several seeds."""
+    config = {k: v for k, v in numbers["config"].items() if k != "seed"}
+    return json.dumps({"config": config, "device": numbers.get("device", "cpu")}, sort_keys=True)
 
 
 def seed_groups(labs: dict) -> list[list[str]]:
-    """Names of the labs that share a config at two or more different seeds, each group ordered by seed."""
+    """Names of the labs that share a config and device at two or more different seeds, each group ordered by seed
+    (a seed run twice keeps its first name in order: a rerun is not another seed)."""
     groups: dict[str, list[str]] = {}
     for name, numbers in sorted(labs.items()):
         if "config" in numbers and "seed" in numbers:   # reports older than the config record stay out
             groups.setdefault(config_key(numbers), []).append(name)
-    return [sorted(names, key=lambda n: labs[n]["seed"]) for names in groups.values()
-            if len({labs[n]["seed"] for n in names}) > 1]
+    out = []
+    for names in groups.values():
+        first_of_seed = {}
+        for name in names:
+            first_of_seed.setdefault(labs[name]["seed"], name)
+        if len(first_of_seed) > 1:
+            out.append([first_of_seed[s] for s in sorted(first_of_seed)])
+    return out
 
 
 def pooled(records: list[dict], seed: int) -> dict:

@@ -6,7 +6,12 @@ import sys
 
 from agentrl.core.artifacts import REPORTS, read_json, write_json
 
-REQUIRED = ("model", "parameters", "weights_changed", "held_out", "training", "before", "after")
+REQUIRED = ("model", "parameters", "weights_changed", "held_out", "training", "before")
+
+
+def current(numbers: dict) -> bool:
+    """A report of this format: its columns, and an evaluation after GRPO unless a gate stopped the lab before."""
+    return set(REQUIRED) <= set(numbers) and ("after" in numbers or bool(numbers.get("stopped")))
 
 
 def comparison() -> int:
@@ -18,7 +23,11 @@ def comparison() -> int:
         print("error: no lab reports in reports/labs/; run a lab first (docs/labs.md)", file=sys.stderr)
         return 2
     runs = {p.stem: read_json(p) for p in paths}
-    older = sorted(n for n, r in runs.items() if not set(REQUIRED) <= set(r))   # made before this report format
+    for p in sorted((REPORTS / "labs" / "direct").glob("*.json")):   # labs run outside DVC (agentrl.labs.direct)
+        numbers = read_json(p)
+        if "held_out" in numbers:   # a lab's report, not a labcheck verdict
+            runs[f"direct/{p.stem}"] = numbers
+    older = sorted(n for n, r in runs.items() if not current(r))   # made before this report format
     runs = {n: r for n, r in runs.items() if n not in older}
     table = comparison_table(runs)
     pooled, seeds_md = seeds_tables(runs)
