@@ -117,23 +117,28 @@ def test_a_direct_lab_with_a_wrong_name_is_one_line_before_anything_is_written(t
 def test_a_direct_lab_runs_outside_dvc_and_records_where_it_ran(tmp_path, repo_root, qwen3_tokenizer):
     """The lab without DVC or MLflow (agentrl.labs.direct) on a shortened menu config at a lab seed of its own: the
     same report as the stage's, with the device, versions, numerics and commit it ran at."""
+    import os
     import subprocess
     import sys
 
     import yaml
     from test_labs import SHORT_LAB
-    params = tmp_path / "params.yaml"
+    params = tmp_path / "params.yaml"   # a checkout of its own: its data/ is the test's, the tokenizer linked in
     menu = {**SHORT_LAB["configs"]["menu"], "seed": 5}
     committed = yaml.safe_load((repo_root / "params.yaml").read_text())
     params.write_text(yaml.safe_dump({**committed, "lab": {**SHORT_LAB, "runs": [], "configs": {"menu": menu}}}))
+    (tmp_path / "data" / "tokenizers").mkdir(parents=True)
+    (tmp_path / "data" / "tokenizers" / "qwen3").symlink_to(qwen3_tokenizer)
+    env = {**os.environ, "PYTHONPATH": str(repo_root)}
     done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "menu", "--device", "cpu",
-                           "--params", str(params), "--out", str(tmp_path / "out"), "--threads", "2"],
-                          cwd=repo_root, capture_output=True, text=True, timeout=900)
+                           "--out", "out", "--threads", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     numbers = json.loads((tmp_path / "out" / "menu-cpu-fp32.json").read_text())
     md = (tmp_path / "out" / "menu-cpu-fp32.md").read_text()
     assert numbers["seed"] == 5 and numbers["device"] == "cpu" and "before" in numbers["held_out"]
     run = numbers["direct_run"]
     assert run["threads"] == 2 and run["numerics"] == "portable" and run["transformers"]
-    assert run["git"] is None or len(run["git"]["commit"]) == 40
+    assert run["git"] is None   # no repository here: no commit claimed
+    assert (tmp_path / "data" / "models" / "lab-menu" / "config.json").is_file()
     assert md.startswith("# Lab `menu`")
