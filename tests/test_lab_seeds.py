@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from agentrl.core.config import ParamsError, lab_run, load_params, load_section
+from agentrl.labs.report import lab_report
 from agentrl.labs.seeds import pooled, seed_groups
 
 
@@ -142,3 +143,13 @@ def test_a_direct_lab_runs_outside_dvc_and_records_where_it_ran(tmp_path, repo_r
     assert run["git"] is None   # no repository here: no commit claimed
     assert (tmp_path / "data" / "models" / "lab-menu" / "config.json").is_file()
     assert md.startswith("# Lab `menu`")
+
+
+@pytest.mark.parametrize("device, text", [("cuda", "trained with GRPO on a CUDA GPU."),
+                                          ("cpu", "trained with GRPO on CPU.")])
+def test_a_labs_report_names_the_device_it_trained_on(repo_root, device, text):
+    """The committed GPU run's record, rebuilt without its per-step history, reported as run on each device."""
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    _, md = lab_report({**record, "history": [], "device": device})
+    assert text in md and md.count("trained with GRPO on") == 1

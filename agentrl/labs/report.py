@@ -13,13 +13,14 @@ from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
 N_BOOT = 10_000
 RANDOM_INIT_LABEL = ("A mechanism demonstration on a small random-init Qwen3 architecture (the real 151,936-token "
                      "vocabulary and chat template, a {parameters:,}-parameter decoder) behaviour-cloned here on "
-                     "{expert}, then trained with GRPO on CPU. It is not Qwen3-0.6B, and its numbers say nothing "
+                     "{expert}, then trained with GRPO on {device}. It is not Qwen3-0.6B, and its numbers say nothing "
                      "about what Qwen3-0.6B would do; they show that the recipe's machinery runs end to end on a real "
                      "model format, tokenizer and chat template.")
 PRETRAINED_LABEL = ("{model}: a pretrained instruct model ({parameters:,} parameters, {architecture}), "
-                    "behaviour-cloned here on {expert} and then trained with GRPO on CPU.")
+                    "behaviour-cloned here on {expert} and then trained with GRPO on {device}.")
 EXPERTS = {"gym": "a scripted expert (read, edit with the keyword rule's op, test, submit)",
            "coding": "the generic-tools scripted expert (Read, Edit with whole lines, pytest, answer)"}
+DEVICE_NAMES = {"cpu": "CPU", "cuda": "a CUDA GPU"}
 # the book's section 19.7 run on Qwen3-0.6B (menu lab), for the side-by-side table: reference figures, not targets
 BOOK_QWEN3_06B = {"before": "0.20 [0.06, 0.39]", "after": "0.80 [0.50, 1.00]", "gain": "+0.60 [+0.33, +0.88]",
                   "malformed": "1.69 per episode -> 0 by step 10", "entropy": "0.55 -> 0.000 by step 15"}
@@ -290,7 +291,7 @@ def lab_report(record: dict) -> tuple[dict, str]:
     pretrained = "pretrained" in record
     label = (PRETRAINED_LABEL if pretrained else RANDOM_INIT_LABEL).format(
         model=record["model"], parameters=record["parameters"], architecture=record["architecture"],
-        expert=EXPERTS.get(env, "a scripted expert"))
+        expert=EXPERTS.get(env, "a scripted expert"), device=DEVICE_NAMES.get(record.get("device", "cpu"), "CPU"))
     cold = record["cold_start"]
     kind = {"format": "format-only conversations (the op drawn uniformly)"}.get(cold.get("kind"),
                                                                                "scripted-expert conversations")
