@@ -130,7 +130,8 @@ def test_a_direct_lab_runs_outside_dvc_and_records_where_it_ran(tmp_path, repo_r
     params.write_text(yaml.safe_dump({**committed, "lab": {**SHORT_LAB, "runs": [], "configs": {"menu": menu}}}))
     (tmp_path / "data" / "tokenizers").mkdir(parents=True)
     (tmp_path / "data" / "tokenizers" / "qwen3").symlink_to(qwen3_tokenizer)
-    env = {**os.environ, "PYTHONPATH": str(repo_root)}
+    # git must not find a repository above the test's directory (a temporary directory may sit inside one)
+    env = {**os.environ, "PYTHONPATH": str(repo_root), "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
     done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "menu", "--device", "cpu",
                            "--out", "out", "--threads", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
