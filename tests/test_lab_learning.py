@@ -275,6 +275,34 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_a_measured_gap(small_qwen3,
 
 @pytest.mark.slow
 @needs_tokenizer
+def test_a_bf16_labs_preflight_checks_the_code_in_fp32_and_hands_back_a_bf16_model(small_qwen3, gym_chat,
+                                                                                  train_tasks):
+    """The invariants' tolerances are fp32's (bf16 rounding alone fails checks 2, 5 and 6 on SmolLM2): a bf16 lab's
+    preflight gives exactly the gate of the same model held in fp32, and the model trains in bf16 afterwards (bf16
+    sampler weights, fp32 masters)."""
+    import copy
+
+    from agentrl.core.config import RLConfig
+    from agentrl.env.gym.environment import make_env_factory
+    from agentrl.labs.recipe import preflight
+    cfg = RLConfig(group_size=2, tasks_per_step=2, max_call_tokens=12, max_turns=2)
+    gates = {}
+    for precision in ("fp32", "bf16"):
+        model = copy.deepcopy(small_qwen3)
+        model.set_precision(precision)
+        gates[precision] = preflight(model, gym_chat, train_tasks[:2], cfg, make_env_factory(2, "hidden", True), 0)
+        assert model.precision == precision
+        with model.sampling():
+            pass
+        assert all(w.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+                   for w in model.sampler_weights.copies)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert gates["bf16"] == gates["fp32"] and gates["bf16"]["dtype"] == "fp32"
+    assert gates["bf16"]["checks"]["sampler_trainer_gap"]["value"] < 1e-5, gates["bf16"]["checks"]
+
+
+@pytest.mark.slow
+@needs_tokenizer
 def test_the_decision_tokens_of_a_call_are_its_tool_name_and_op(gym_chat):
     for name, args in (("edit", {"op": "fix_comparison"}), ("read", {})):
         turn = gym_chat.turn_ids(name, args)

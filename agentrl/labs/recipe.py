@@ -152,12 +152,21 @@ def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator
 
 
 def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
-    """The nine invariants on the probe batch; the update's direction (8) with the config's own kl_coef."""
-    trajs, rewards = probe_batch(model, chat, tasks, cfg, env_factory, stream_generator(seed, "lab", "preflight"))
-    res = sanity_checks(model, trajs, chat, cfg, own_kl_direction=True)
+    """The nine invariants on the probe batch; the update's direction (8) with the config's own kl_coef. They check
+    the recipe's code, so they run in fp32 whatever the lab's dtype: bf16's own rounding moves checks 2, 5 and 6
+    past their fp32 tolerances (and check 6's clean value to the size of the fault it catches, docs/labs.md), while
+    the sampler-trainer gap bf16 costs is measured at every GRPO step instead."""
+    dtype = model.precision
+    model.set_precision("fp32")
+    try:
+        trajs, rewards = probe_batch(model, chat, tasks, cfg, env_factory,
+                                     stream_generator(seed, "lab", "preflight"))
+        res = sanity_checks(model, trajs, chat, cfg, own_kl_direction=True)
+    finally:
+        model.set_precision(dtype)
     return {"checks": {name: {"value": float(v), "passed": bool(p)} for name, (v, p) in res.items()},
             "errors": res.errors, "passed": all(p for _, p in res.values()), "episodes": len(trajs),
-            "rewards": rewards}
+            "rewards": rewards, "dtype": "fp32"}
 
 
 def peak_device_memory_mib(device: str) -> float | None:

@@ -224,10 +224,12 @@ def cost_lines(record: dict) -> list[str]:
     return out
 
 
-def preflight_lines(gate: dict) -> list[str]:
+def preflight_lines(gate: dict, dtype: str = "fp32") -> list[str]:
     out = [f"The nine invariants (agentrl.rl.invariants) on a first batch of {gate['episodes']} episodes sampled "
            f"from the cloned policy (rewards: {gate['rewards']}): **{'passed' if gate['passed'] else 'failed'}**. "
-           "The fault matrix on the same backend is a slow test (tests/test_labs.py).", "",
+           + (f"They check the code in fp32 (this lab trains in {dtype}, whose sampler-trainer gap is measured at "
+              "every GRPO step, under Training). " if gate.get("dtype") == "fp32" and dtype != "fp32" else "")
+           + "The fault matrix on the same backend is a slow test (tests/test_labs.py).", "",
            "| invariant | value | passed |", "|---|---|---|"]
     out += [f"| {name} | {c['value']:.3g} | {c['passed']} |" for name, c in gate["checks"].items()]
     return out + ([f"- errors: {gate['errors']}"] if gate["errors"] else [])
@@ -317,6 +319,6 @@ def lab_report(record: dict) -> tuple[dict, str]:
     md += ["## Signal after the cold start", "", *signal_lines(record.get("signal") or {}), "",
            "## Training (GRPO steps)", "", *training_lines(record, training), "", *family_lines(training), "",
            "## Per-task counts (held-out)", "", *per_task_table(record), "",
-           "## Preflight", "", *preflight_lines(record["preflight"]), "",
+           "## Preflight", "", *preflight_lines(record["preflight"], record.get("dtype", "fp32")), "",
            "## Cost", "", *cost_lines(record), ""]
     return numbers, "\n".join(md)
