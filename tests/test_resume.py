@@ -7,11 +7,13 @@ The kills are placed by a wrapper that patches the train process before the stag
 what runs); each kill is asserted to have happened where it was meant to."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,10 +158,25 @@ def _clear_train(work: Path) -> None:
 
 
 def _two_trains(work: Path, env: dict, wait: str) -> list[subprocess.CompletedProcess]:
-    """Two `python -m stages.train` started together on one working copy."""
-    procs = [subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=work, env=env | {"AGENTRL_LOCK_WAIT": wait},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=900), *p.communicate()) for p in procs]
+    """Two `python -m stages.train` started together on one working copy. With a long wait the test holds the
+    stage's lock until one of them says it waits, so that a waiter exists whatever the scheduling (a resumed run
+    can finish before the other process has imported torch)."""
+    from agentrl.pipeline.lock import stage_lock
+    logs = [work.parent / f"train{i}.{s}" for i in range(2) for s in ("out", "err")]
+    with contextlib.ExitStack() as held:
+        if float(wait) >= 60:
+            held.enter_context(stage_lock("train", work, wait=0))
+        files = [held.enter_context(log.open("w")) for log in logs]
+        procs = [subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=work,
+                                  env=env | {"AGENTRL_LOCK_WAIT": wait}, stdout=files[2 * i],
+                                  stderr=files[2 * i + 1], text=True) for i in range(2)]
+        deadline = time.monotonic() + 300
+        while float(wait) >= 60 and time.monotonic() < deadline and \
+                not any("waiting up to" in logs[k].read_text() for k in (1, 3)):
+            time.sleep(0.1)
+    codes = [p.wait(timeout=900) for p in procs]
+    return [subprocess.CompletedProcess(p.args, code, logs[2 * i].read_text(), logs[2 * i + 1].read_text())
+            for i, (p, code) in enumerate(zip(procs, codes))]
 
 
 def test_two_writers_at_once_give_the_bytes_of_one(workspace):
