@@ -1,6 +1,7 @@
 """Stage lab@<name>: a real-model lab (docs/labs.md) on the Hugging Face backend. Outside the default pipeline
 (lab.runs is empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly.
-Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed). A lab
+Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed), and a
+lab killed part-way goes on from its last finished phase or GRPO step when run again (agentrl.labs.progress). A lab
 whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
 
 from agentrl.backends.hf import ENTRY as HF
@@ -33,6 +34,7 @@ def main(name: str | None = None, past_gates: bool = False):
 
     def body(ctx):
         from agentrl.labs.allocator import keep_freed_memory
+        from agentrl.labs.progress import clear_progress
         from agentrl.labs.recipe import run_lab
         keep_freed_memory()
         from agentrl.labs.report import lab_report
@@ -40,7 +42,7 @@ def main(name: str | None = None, past_gates: bool = False):
         out = DATA / "labs" / name
         share = SandboxShare()
         record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock,
-                         past_gates=past_gates)
+                         past_gates=past_gates, resume_key=ctx.run.fingerprint)
         record["threads"] = ctx.threads
         if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
             write_json(DATA / "models" / f"lab-{name}" / "model.json",
@@ -57,9 +59,10 @@ def main(name: str | None = None, past_gates: bool = False):
                              "cpu_s": record["cpu_s"], "peak_memory_mib": record["peak_memory_mib"],
                              **({"heldout_after": held["after"]["mean"], "heldout_gain": held["gain"]["mean"]}
                                 if "gain" in held else {})})
-        if record["stopped"] and not record["stopped"]["went_on"]:
+        if record["stopped"] and not record["stopped"]["went_on"]:   # its phases stay kept for --past-gates
             raise StageError(f"lab {name}: stopped before GRPO: {'; '.join(record['stopped']['reasons'])} (the report "
                              f"reports/labs/{name}.md says so; --past-gates goes on)")
+        clear_progress(out)   # the report is written: nothing left to resume
         print(f"lab {name}: held-out pass {held['before']['mean']:.3f} -> {held['after']['mean']:.3f} "
               f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
               f"in {record['wall_s']:.0f} s")

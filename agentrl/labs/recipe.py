@@ -30,11 +30,12 @@ from agentrl.env.registry import environment
 from agentrl.env.tasks import make_tasks
 from agentrl.eval.evaluation import action_entropy, evaluate
 from agentrl.labs.precision import BF16_FLAGS, check_dtype
+from agentrl.labs.progress import GRPOCheckpoint, LabProgress, load_weights
 from agentrl.labs.signal import StepSignal, decision_entropy, signal_check
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
 from agentrl.rl.rollout import sample_episodes
-from agentrl.rl.trainer import train
+from agentrl.rl.trainer import SEAMS, make_optimizer, train
 from agentrl.starting.chat import clone, expert_demo, format_demo, tools_expert_demo
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
@@ -197,16 +198,27 @@ def gate_failures(gate: dict, signal: dict | None, run) -> list[str]:
     return out
 
 
+PHASES = ["eval_pretrained", "cold_start", "signal_check", "preflight", "eval_before", "grpo", "eval_after"]
+
+
+def progress_key(resume_key: str, model) -> str:
+    """The stage's fingerprint with the loaded model's weights: progress from other weights is never resumed."""
+    import hashlib
+    return hashlib.sha256(f"{resume_key}:{weights_digest(model)}".encode()).hexdigest()[:16]
+
+
 def lab_seed(run, params: dict) -> int:
     """The seed every random stream of a lab derives from: the lab's own, else run.seed."""
     return params["run"].seed if run.seed is None else run.seed
 
 
 def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None,
-            past_gates: bool = False) -> dict:
+            past_gates: bool = False, resume_key: str | None = None) -> dict:
     """The whole lab lab.configs.<name> -> the report's record; writes checkpoints under out_dir and, when its model
     is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it before GRPO
-    (the record says why, under `stopped`) unless past_gates."""
+    (the record says why, under `stopped`) unless past_gates. With a resume_key (the stage's fingerprint) every
+    finished phase and GRPO step is kept under out_dir/progress and a lab killed part-way goes on from there
+    (agentrl.labs.progress)."""
     from agentrl.core.config import lab_run
     lab, rl = params["lab"], params["rl"]
     run = lab_run(name, lab.configs[name])
@@ -214,72 +226,94 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
     check_dtype(run.dtype, lab.device, f"LabConfig.configs.{name}.dtype")
-    start, cpu_start = time.time(), time.process_time()
     timings = {}
 
-    def lap(what, t0):
-        timings[what] = round(time.time() - t0, 1)
-        log(f"lab {name}: {what} {timings[what]} s")
+    def lap(what, seconds, kept=False):
+        timings[what] = round(seconds, 1)
+        log(f"lab {name}: {what} {timings[what]} s" + (" (kept from an earlier attempt)" if kept else ""))
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
     history, changed, stopped, signal = [], False, None, {}
     try:
         t0 = time.time()
         model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
-        lap("load", t0)
+        lap("load", time.time() - t0)
+        progress = LabProgress(out_dir / "progress", resume_key and progress_key(resume_key, model))
+
+        def phase(what, compute, restore=None):
+            kept = progress.done(what)
+            result, seconds = progress.phase(what, compute, restore)
+            lap(what, seconds, kept)
+            return result
+        kept_grpo = progress.grpo_checkpoint()
+        left = progress.first_phase_left([p for p in PHASES if (p != "eval_pretrained" or run.model)
+                                          and (p != "signal_check" or run.signal_tasks)])
+        progress.begin("the start" if not progress.state["phases"] else
+                       f"GRPO step {kept_grpo[1]['step']}" if left == "grpo" and kept_grpo else left or "the record")
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
         env_factory = env_factory_for(run, clock)
         cfg = rl_config(rl, run)
         evaluations = {}
-        if run.model:   # a pretrained model as it is: the column before any training
-            t0 = time.time()
-            evaluations["pretrained"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "pretrained",
-                                                 lab.eval_batch)
-            lap("eval_pretrained", t0)
-
-        t0 = time.time()
-        g = stream_generator(seed, "lab", "cold_start")
-        demos = demonstrations(run, train_tasks, chat, env_factory, g)
-        losses = clone(model, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g) \
-            if run.clone_steps else []
-        lap("cold_start", t0)
         from agentrl.backends.hf import save_model
-        save_model(model, out_dir / "cold_start", chat.hash, tokenizer_dir=model_dir)
+        if run.model:   # a pretrained model as it is: the column before any training
+            evaluations["pretrained"] = phase("eval_pretrained", lambda: held_out(
+                model, heldout, chat, run, cfg, env_factory, seed, "pretrained", lab.eval_batch))
+
+        def cold_start():
+            g = stream_generator(seed, "lab", "cold_start")
+            demos = demonstrations(run, train_tasks, chat, env_factory, g)
+            losses = clone(model, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g) \
+                if run.clone_steps else []
+            save_model(model, out_dir / "cold_start", chat.hash, tokenizer_dir=model_dir)
+            return {"demos": len(demos), "kind": run.demos,
+                    "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1), "steps": run.clone_steps,
+                    "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
+        cold = phase("cold_start", cold_start, restore=lambda _: load_weights(model, out_dir / "cold_start"))
 
         if run.signal_tasks:
-            t0 = time.time()
-            signal["before"] = signal_check(model, chat, train_tasks, run.signal_tasks, cfg, env_factory, seed,
-                                            "before")
-            lap("signal_check", t0)
-        t0 = time.time()
-        gate = preflight(model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, run.probe_group)),
-                         env_factory, seed)
-        lap("preflight", t0)
+            signal["before"] = phase("signal_check", lambda: signal_check(
+                model, chat, train_tasks, run.signal_tasks, cfg, env_factory, seed, "before"))
+        gate = phase("preflight", lambda: preflight(
+            model, chat, train_tasks, replace(cfg, group_size=min(cfg.group_size, run.probe_group)), env_factory,
+            seed))
         failures = gate_failures(gate, signal.get("before"), run)
         if failures:
             stopped = {"reasons": failures, "went_on": past_gates}
             log(f"lab {name}: " + ("gates failed, going on as asked: " if past_gates else "stopped before GRPO: ")
                 + "; ".join(failures))
-        t0 = time.time()
-        evaluations["before"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "before", lab.eval_batch)
-        lap("eval_before", t0)
+        evaluations["before"] = phase("eval_before", lambda: held_out(
+            model, heldout, chat, run, cfg, env_factory, seed, "before", lab.eval_batch))
 
         if not failures or past_gates:
-            t0 = time.time()
             model.train()
             digest = weights_digest(model)
-            history = train(model, train_tasks, chat, cfg, run.steps, env=env_factory,
-                            generator=stream_generator(seed, "lab", "grpo"), hooks=[StepSignal(), *hooks],
-                            max_kl=run.max_kl, skip_empty=True)
-            changed = weights_digest(model) != digest
-            lap("grpo", t0)
-            save_model(model, out_dir / "final", chat.hash, tokenizer_dir=model_dir)
-            t0 = time.time()
-            evaluations["after"] = held_out(model, heldout, chat, run, cfg, env_factory, seed, "after",
-                                            lab.eval_batch)
-            lap("eval_after", t0)
+
+            def grpo():
+                optimizer, generator = make_optimizer(model, cfg), stream_generator(seed, "lab", "grpo")
+                ref = SEAMS.reference(model) if cfg.kl_coef > 0 else None   # the cold start's policy
+                steps_before, seconds_before, history = 0, 0.0, []
+                if kept_grpo is not None:
+                    path, state = kept_grpo
+                    load_weights(model, path)
+                    optimizer.load_state_dict(state["optimizer"])
+                    generator.set_state(state["generator"])
+                    steps_before, seconds_before, history = state["step"], state["seconds"], list(state["history"])
+                    log(f"lab {name}: GRPO goes on from step {steps_before} (kept from an earlier attempt)")
+                history = train(model, train_tasks, chat, cfg, run.steps, env=env_factory, generator=generator,
+                                optimizer=optimizer, ref=ref, history=history, start_step=steps_before,
+                                hooks=[StepSignal(), *hooks, GRPOCheckpoint(progress, chat.hash, seconds_before)],
+                                max_kl=run.max_kl, skip_empty=True)
+                save_model(model, out_dir / "final", chat.hash, tokenizer_dir=model_dir)
+                return {"history": history, "changed": weights_digest(model) != digest,
+                        "seconds_before": seconds_before}
+            trained = phase("grpo", grpo, restore=lambda _: load_weights(model, out_dir / "final"))
+            history, changed = trained["history"], trained["changed"]
+            timings["grpo"] = round(timings["grpo"] + trained["seconds_before"], 1)
+            evaluations["after"] = phase("eval_after", lambda: held_out(
+                model, heldout, chat, run, cfg, env_factory, seed, "after", lab.eval_batch))
     finally:
         torch.set_default_device(previous_device)
+    wall_s, cpu_s = progress.elapsed()
     from agentrl.backends.hf import honest_name
     from agentrl.core.numerics import cpu_info
     return {"lab": name, "config": run.to_dict(), "model_dir": model_dir, "model": honest_name(model_dir),
@@ -287,11 +321,9 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
             "parameters": model.num_params(), "device": lab.device, "dtype": run.dtype,
             "cpu": {"model": cpu_info()["model"], "bf16_flags": sorted(BF16_FLAGS & cpu_info()["flags"])},
             "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
-            "cold_start": {"demos": len(demos), "kind": run.demos,
-                           "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1),
-                           "steps": run.clone_steps, "loss_first": losses[0] if losses else None,
-                           "loss_last": losses[-1] if losses else None},
+            "cold_start": cold,
             "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,
-            "weights_changed": changed, "timings_s": timings, "wall_s": round(time.time() - start, 1),
-            "cpu_s": round(time.process_time() - cpu_start, 1), "peak_memory_mib": round(peak_memory_mib(), 1),
+            "weights_changed": changed, "timings_s": timings, "wall_s": round(wall_s, 1),
+            "cpu_s": round(cpu_s, 1), "attempts": progress.state["attempts"],
+            "peak_memory_mib": round(peak_memory_mib(), 1),
             "peak_device_memory_mib": peak_device_memory_mib(lab.device)}

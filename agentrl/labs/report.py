@@ -219,6 +219,10 @@ def cost_lines(record: dict) -> list[str]:
     out = [f"- Wall time {record['wall_s']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in t.items())}); "
            f"CPU time {record['cpu_s']:.0f} s at {record['threads']} threads.",
            f"- Peak memory (resident set) {record['peak_memory_mib']:.0f} MiB."]
+    attempts = record.get("attempts") or []
+    if len(attempts) > 1:   # a lab killed part-way and run again (agentrl.labs.progress)
+        out.append(f"- Run in {len(attempts)} attempts (a kill and a rerun); they started at: {', '.join(attempts)}. "
+                   "The times add up every attempt; the peak memory is the last one's.")
     if record.get("peak_device_memory_mib") is not None:
         out.append(f"- Peak {record['device']} memory allocated {record['peak_device_memory_mib']:.0f} MiB.")
     return out
