@@ -143,3 +143,18 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+# A CI log may keep only its last lines: the failed tests' ids are printed once more, on one line, after pytest's own
+# summary (which names them higher up, where a short tail cuts them off).
+_FAILED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.failed and report.nodeid not in _FAILED:
+        _FAILED.append(report.nodeid)
+
+
+def pytest_unconfigure(config):
+    if _FAILED:
+        print(f"\nfailed ({len(_FAILED)}): {' '.join(_FAILED)}", flush=True)

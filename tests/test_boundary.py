@@ -130,6 +130,19 @@ def test_a_signal_after_the_work_is_recorded_finished_does_not_fail_it(capsys):
     assert "ignored" in capsys.readouterr().err
 
 
+def test_ctrl_c_inside_code_run_from_a_string_still_exits_130(tmp_path):
+    """A Ctrl-C that lands in eval'd source text (collections.namedtuple builds classes with eval, so a Ctrl-C during
+    an import can land there) made CPython end a `python -m` process by SIGINT (-2) after the boundary had printed
+    its line and chosen 130 (`python -m` is how every stage and verb runs; `-c` and a script exit another way)."""
+    (tmp_path / "entry_point.py").write_text(
+        "import sys\n"
+        "from agentrl.core import boundary\n"
+        "sys.exit(boundary.guard('x', lambda: eval(\"__import__('signal').raise_signal(2)\")))\n")
+    done = subprocess.run([sys.executable, "-m", "entry_point"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr) == (130, "error: x: interrupted (SIGINT)\n")
+
+
 def test_a_long_message_stays_one_bounded_line():
     line = boundary.one_line("audit: " + "k" * 10_000 + "\nsecond line")
     assert "\n" not in line and len(line) < 450 and "10,007 characters" in line

@@ -219,7 +219,16 @@ def guard(name: str, fn, *args, **kwargs) -> int:
         print(f"error: {line}", file=sys.stderr)
         return code
     finally:
+        _forget_interrupt_mark()
         sys.stderr.flush()
+
+
+def _forget_interrupt_mark() -> None:
+    """CPython marks the interpreter to end by SIGINT (exit status -2 instead of the boundary's 130) when a
+    KeyboardInterrupt leaves code run from a string (`eval`/`exec` of source text: collections.namedtuple builds its
+    classes that way, so a Ctrl-C during an import can land there), even when the exception is then caught. Every
+    exception is handled here, so the mark is stale; evaluating a string clears it (CPython resets it per eval)."""
+    eval("None")
 
 
 def _drop_stdout() -> None:
