@@ -137,21 +137,24 @@ def record(name: str, result: dict) -> None:
 
 
 def table(name: str) -> str:
-    """The cells of a lab as markdown: before -> after per cell."""
+    """The cells of a lab as markdown: before -> after per cell; the change in training pass (after - before, on the
+    same tasks and stream) and the zero-advantage share averaged over the GRPO steps."""
     path = results_path(name)
     if not path.is_file():
         raise ConfigError(f"labcells --table: {path} does not exist yet (run some cells first)")
     cells = json.loads(path.read_text())
     f = lambda x, d=3: "n/a" if x is None else f"{x:.{d}f}"
-    out = ["| cell | steps (updated) | informative groups | training pass | decision entropy per call (nats) | "
-           "op entropy (nats) | malformed per episode | approx KL max | seconds |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| cell | steps (updated) | informative groups | training pass | change | zero-advantage share per step | "
+           "decision entropy per call (nats) | op entropy (nats) | malformed per episode | approx KL max | seconds |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in cells.items():
         b, a, h = c["before"], c["after"], c["history"]
         kl = max((r.get("approx_kl_max") or 0.0 for r in h), default=None)
+        zero = [r["zero_adv_frac"] for r in h if r.get("zero_adv_frac") is not None]
         out.append(f"| {key} | {c['steps']} ({sum(bool(r.get('updated')) for r in h)}) | "
                    f"{f(b['informative_share'], 2)} -> {f(a['informative_share'], 2)} | "
-                   f"{f(b['pass_rate'])} -> {f(a['pass_rate'])} | "
+                   f"{f(b['pass_rate'])} -> {f(a['pass_rate'])} | {a['pass_rate'] - b['pass_rate']:+.3f} | "
+                   f"{f(sum(zero) / len(zero) if zero else None, 2)} | "
                    f"{f(b['decision_entropy']['call'])} -> {f(a['decision_entropy']['call'])} | "
                    f"{f(b['decision_entropy'].get('op'))} -> {f(a['decision_entropy'].get('op'))} | "
                    f"{f(b['malformed'], 2)} -> {f(a['malformed'], 2)} | {f(kl, 4)} | {c['seconds']['total']:.0f} |")
