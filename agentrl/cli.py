@@ -1,4 +1,5 @@
-"""python -m agentrl check|envcheck|bench|labcheck|labcells|audit|replay|study|research|sweep|compare-reports|deps.
+"""python -m agentrl check|envcheck|bench|labcheck|labcells|opprobe|audit|replay|study|research|sweep|
+compare-reports|deps.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
@@ -16,6 +17,7 @@ from pathlib import Path
 from agentrl.backends.registry import BACKENDS
 from agentrl.core.artifacts import policy_path
 from agentrl.core.boundary import check_threads, guard
+from agentrl.labs.verbs import LAB_VERBS, add_lab_verbs
 from agentrl.model.kernels.registry import KERNELS
 
 
@@ -109,7 +111,7 @@ def numerics_mode(args) -> str:
         return args.numerics
     try:
         params = read_params_file("params.yaml") if Path("params.yaml").exists() else {}
-        if args.cmd == "labcells":   # the lab's own numerics, as its stage runs it
+        if args.cmd in ("labcells", "opprobe"):   # the lab's own numerics, as its stage runs it
             from agentrl.core.numerics import stage_mode
             return check_mode(stage_mode(params, "lab", args.lab))
         run = params.get("run") or {}
@@ -255,34 +257,6 @@ def cmd_bench(args) -> int:
     return BENCHES.get(args.backend)(args, Verb)
 
 
-def cmd_labcheck(args) -> int:
-    """A backend proven on a device: cold start, the nine invariants and two GRPO steps (agentrl.labs.check)."""
-    import json
-
-    from agentrl.labs.check import labcheck
-    set_threads(args.threads)
-    out = labcheck(args.device, args.model, log=(lambda *_: None) if args.json else print)
-    if args.json:
-        print(json.dumps(out, sort_keys=True))
-    else:
-        memory = f"peak memory {out['peak_memory_mib']:.0f} MiB resident"
-        if out["peak_device_memory_mib"] is not None:
-            memory += f", {out['peak_device_memory_mib']:.0f} MiB on {out['device']}"
-        print(f"labcheck: {'PASS' if out['passed'] else 'FAIL'} on {out['device']} in {out['seconds']:.0f} s "
-              f"({memory})")
-    return 0 if out["passed"] else 1
-
-
-def cmd_labcells(args) -> int:
-    """Cold starts and GRPO updates side by side at a fraction of a lab's cost (agentrl.labs.cells)."""
-    from agentrl.labs.cells import labcells, table
-    if not args.table:
-        set_threads(args.threads)
-        labcells(args.lab, args.set, args.grid, args.steps)
-    print(table(args.lab))
-    return 0
-
-
 def cmd_audit(args) -> int:
     from agentrl.tracking.audit import main
     return main(args.spec, args.json)
@@ -387,21 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16)")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
-    lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
-                                         "invariants and two GRPO steps, then a verdict (a few minutes)")
-    lc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    lc.add_argument("--model", help="a Qwen3 or Llama model directory (default: a small random-init Qwen3)")
-    lc.add_argument("--threads", type=_int_at_least(1), default=2)
-    lc.add_argument("--json", action="store_true", help="the result as one JSON line")
-    cells = sub.add_parser("labcells", help="a lab's cold starts and GRPO updates, cell by cell (docs/labs.md)")
-    cells.add_argument("--lab", required=True, help="a name of lab.configs")
-    cells.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="a LabRun key or rl.<key> changed in every cell")
-    cells.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                       help="one axis of the grid (every combination of the axes is a cell)")
-    cells.add_argument("--steps", type=_int_at_least(1), default=3, help="GRPO steps per cell")
-    cells.add_argument("--threads", type=_int_at_least(1), default=2)
-    cells.add_argument("--table", action="store_true", help="print the lab's cells so far and stop")
+    lc = add_lab_verbs(sub, _int_at_least)
     a = sub.add_parser("audit", help="which params, inputs, code and threads produced a reported number")
     a.add_argument("spec", help="reports/<file>.json:<dotted.path>, e.g. reports/test.json:chosen.pass_at_1")
     a.add_argument("--json", action="store_true", help="machine-readable answer")
@@ -446,5 +406,6 @@ def _main(argv) -> int:
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
-             "research": cmd_research, "sweep": cmd_sweep, "labcheck": cmd_labcheck, "labcells": cmd_labcells}
+             "research": cmd_research, "sweep": cmd_sweep,
+             **{verb: (lambda args, cmd=cmd: cmd(args, set_threads)) for verb, cmd in LAB_VERBS.items()}}
     return verbs[args.cmd](args)

@@ -72,10 +72,11 @@ def expert_demos(tasks: list, chat, env_factory, per_task: int, generator: torch
 
 
 def clone(model, demos: list[Trajectory], chat, steps: int, lr: float, batch_size: int,
-          generator: torch.Generator) -> list[float]:
-    """`steps` Adam steps of cross-entropy on the demonstrations' policy tokens (batches drawn with the generator)."""
+          generator: torch.Generator, on_step=None) -> list[float]:
+    """`steps` Adam steps of cross-entropy on the demonstrations' policy tokens (batches drawn with the generator);
+    on_step(step, loss) after each (agentrl.labs.probe's clone curve)."""
     model.train()
-    return train_sft(model, demos, chat, steps, lr, batch_size, generator)
+    return train_sft(model, demos, chat, steps, lr, batch_size, generator, on_step=on_step)
 
 
 def tools_expert_demo(env, chat) -> Trajectory:

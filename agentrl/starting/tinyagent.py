@@ -114,9 +114,10 @@ def sft_step(model, optimizer, batch: dict, targets: torch.Tensor | None = None,
 
 
 def train_sft(model, demos: list, tok, steps: int, lr: float, batch_size: int | None = None,
-              generator: torch.Generator | None = None, choice_weight: float = 1.0) -> list[float]:
+              generator: torch.Generator | None = None, choice_weight: float = 1.0, on_step=None) -> list[float]:
     """`steps` Adam steps of cross-entropy on demonstrations (Trajectory: hard targets, Demo: soft targets):
-    the full set each step, or batch_size demonstrations drawn with the generator."""
+    the full set each step, or batch_size demonstrations drawn with the generator. on_step(step, loss), if given,
+    is called after each step (1-based), e.g. to probe the policy along the way."""
     if not isinstance(steps, int) or steps <= 0:
         raise ConfigError(f"steps: expected an integer > 0, got {steps!r}")
     optimizer = Adam(model.parameters(), lr=lr)
@@ -132,6 +133,8 @@ def train_sft(model, demos: list, tok, steps: int, lr: float, batch_size: int | 
             targets = soft_targets(chosen, batch["ids"].shape[1] - 1, len(tok))
             weights = choice_weights(targets, batch["action_mask"], choice_weight)
         losses.append(sft_step(model, optimizer, batch, targets, weights))
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     return losses
 
 

@@ -1,0 +1,84 @@
+"""The labs' verbs of `python -m agentrl`: labcheck (a backend proven on a device), labcells (cold starts and
+updates side by side) and opprobe (the op the policy would choose after reading each source). Their arguments and
+commands; nothing here imports torch when the module loads (the entry point pins the CPU numerics first), and each
+command is given the entry point's `set_threads`."""
+from __future__ import annotations
+
+
+def add_lab_verbs(sub, int_at_least):
+    """The three verbs' parsers on the entry point's subparsers; returns labcheck's (it also takes --numerics)."""
+    lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
+                                         "invariants and two GRPO steps, then a verdict (a few minutes)")
+    lc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    lc.add_argument("--model", help="a Qwen3 or Llama model directory (default: a small random-init Qwen3)")
+    lc.add_argument("--threads", type=int_at_least(1), default=2)
+    lc.add_argument("--json", action="store_true", help="the result as one JSON line")
+    cells = sub.add_parser("labcells", help="a lab's cold starts and GRPO updates, cell by cell (docs/labs.md)")
+    cells.add_argument("--lab", required=True, help="a name of lab.configs")
+    cells.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a LabRun key or rl.<key> changed in every cell")
+    cells.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                       help="one axis of the grid (every combination of the axes is a cell)")
+    cells.add_argument("--steps", type=int_at_least(1), default=3, help="GRPO steps per cell")
+    cells.add_argument("--threads", type=int_at_least(1), default=2)
+    cells.add_argument("--table", action="store_true", help="print the lab's cells so far and stop")
+    op = sub.add_parser("opprobe", help="which repair a menu lab's policy would choose after reading each source, "
+                                        "teacher-forced: p(oracle op), op entropy, information (docs/labs.md)")
+    op.add_argument("--lab", required=True, help="a name of lab.configs (the gym environment)")
+    op.add_argument("--checkpoint", action="append", default=[], choices=["cold_start", "final"],
+                    help="probe the lab's saved checkpoint data/labs/<lab>/<checkpoint> (repeatable)")
+    op.add_argument("--clone-curve", type=int_at_least(1), metavar="STEPS",
+                    help="rerun the lab's cold start to STEPS cloning steps, probing every --every steps")
+    op.add_argument("--every", type=int_at_least(1), default=32, help="cloning steps between probes")
+    op.add_argument("--threads", type=int_at_least(1), default=2)
+    op.add_argument("--table", action="store_true", help="print the lab's probes so far and stop")
+    return lc
+
+
+def cmd_labcheck(args, set_threads) -> int:
+    """A backend proven on a device: cold start, the nine invariants and two GRPO steps (agentrl.labs.check)."""
+    import json
+
+    from agentrl.labs.check import labcheck
+    set_threads(args.threads)
+    out = labcheck(args.device, args.model, log=(lambda *_: None) if args.json else print)
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        memory = f"peak memory {out['peak_memory_mib']:.0f} MiB resident"
+        if out["peak_device_memory_mib"] is not None:
+            memory += f", {out['peak_device_memory_mib']:.0f} MiB on {out['device']}"
+        print(f"labcheck: {'PASS' if out['passed'] else 'FAIL'} on {out['device']} in {out['seconds']:.0f} s "
+              f"({memory})")
+    return 0 if out["passed"] else 1
+
+
+def cmd_labcells(args, set_threads) -> int:
+    """Cold starts and GRPO updates side by side at a fraction of a lab's cost (agentrl.labs.cells)."""
+    from agentrl.labs.cells import labcells, table
+    if not args.table:
+        set_threads(args.threads)
+        labcells(args.lab, args.set, args.grid, args.steps)
+    print(table(args.lab))
+    return 0
+
+
+def cmd_opprobe(args, set_threads) -> int:
+    """Which op the policy would choose after reading each source, teacher-forced (agentrl.labs.probe)."""
+    from agentrl.core.config import ConfigError
+    from agentrl.labs.probe import clone_curve, probe_checkpoints, table
+    if not args.table:
+        if not args.checkpoint and not args.clone_curve:
+            raise ConfigError("opprobe: name a --checkpoint, --clone-curve or --table")
+        if args.clone_curve and args.every > args.clone_curve:
+            raise ConfigError(f"opprobe: --every ({args.every}) must be at most --clone-curve ({args.clone_curve})")
+        set_threads(args.threads)
+        if args.clone_curve:
+            clone_curve(args.lab, args.every, args.clone_curve)
+        if args.checkpoint:
+            probe_checkpoints(args.lab, args.checkpoint)
+    print(table(args.lab))
+    return 0
+
+
+LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe}
