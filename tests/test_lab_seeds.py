@@ -154,3 +154,13 @@ def test_a_labs_report_names_the_device_it_trained_on(repo_root, device, text):
     record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
     _, md = lab_report({**record, "history": [], "device": device})
     assert text in md and md.count("trained with GRPO on") == 1
+
+
+@pytest.mark.parametrize("kl_coef, text", [(0.2, "KL penalty 0.2 (k3, to the cold start), KL bound"),
+                                           (0.0, "temperature 1.0, KL bound")])
+def test_a_labs_report_names_its_kl_penalty_only_where_it_has_one(repo_root, kl_coef, text):
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    rl = {**record["rl"], "kl_coef": kl_coef, "kl_kind": "k3", "temperature": 1.0}
+    _, md = lab_report({**record, "rl": rl, "history": []})
+    assert text in md and md.count("KL penalty") == (1 if kl_coef else 0)

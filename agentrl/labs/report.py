@@ -287,6 +287,12 @@ def coding_tables(record: dict) -> list[str]:
     return out
 
 
+def kl_penalty_text(rl: dict) -> str:
+    """The KL penalty to the cold start's policy, where the lab sets one (rl.kl_coef above 0)."""
+    coef = rl.get("kl_coef") or 0
+    return f"KL penalty {coef:g} ({rl.get('kl_kind', '?')}, to the cold start), " if coef > 0 else ""
+
+
 def lab_report(record: dict) -> tuple[dict, str]:
     """(numbers, markdown) of a lab's record."""
     seed, env = record["seed"], record["config"]["environment"]
@@ -313,7 +319,7 @@ def lab_report(record: dict) -> tuple[dict, str]:
           f"{training['steps']} steps of {rl.get('tasks_per_step', '?')} tasks x {rl.get('group_size', '?')} "
           f"episodes, Adam at lr {rl.get('lr', '?')} (warm-up {rl.get('lr_warmup', 0)} steps), keep "
           f"{rl.get('keep', '?')}, {rl.get('minibatches', '?')} minibatches, temperature {rl.get('temperature', '?')}, "
-          f"KL bound {record['config'].get('max_kl')}.", "",
+          f"{kl_penalty_text(rl)}KL bound {record['config'].get('max_kl')}.", "",
           "## Held-out pass (hidden tests)", "", *held_out_lines(record, held, training), "",
           *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), ""]
     if env == "coding":
