@@ -296,6 +296,47 @@ def test_every_random_draw_is_made_on_its_generators_device(monkeypatch):
     assert all(dev == gen for _, dev, gen in seen), seen
 
 
+def _probe_with_rewards(monkeypatch, rewards_of: dict, tries: int = 3):
+    """probe_batch on a fake sampler whose episode on task `name` gets the next of rewards_of[name]; returns the
+    batch, its note, and the tasks sampled in order."""
+    from types import SimpleNamespace
+
+    from agentrl.core.config import RLConfig
+    from agentrl.labs import recipe
+    played, left = [], {name: list(r) for name, r in rewards_of.items()}
+
+    def sample(model, envs, chat, generator, temperature, max_tokens):
+        played.extend(envs)
+        return [SimpleNamespace(task=name, reward=left[name].pop(0)) for name in envs]
+    monkeypatch.setattr(recipe, "sample_episodes", sample)
+    tasks = [SimpleNamespace(name=name) for name in rewards_of]
+    trajs, note = recipe.probe_batch(None, None, tasks, RLConfig(group_size=2), lambda task, g: task.name,
+                                     torch.Generator().manual_seed(0), tries=tries)
+    return trajs, note, played
+
+
+def test_the_probe_batch_moves_on_until_a_group_disagrees(monkeypatch):
+    """Check 8 needs a group whose sampled rewards disagree: a pair of tasks whose every episode passed, or whose
+    groups differ only from each other (all advantages 0), is passed over for the next pair, on the same stream."""
+    trajs, note, played = _probe_with_rewards(monkeypatch, {
+        "a": [1, 1], "b": [1, 1],        # every episode passed: no signal
+        "c": [1, 1], "d": [0, 0],        # the rewards differ, but only between the groups: still no advantage
+        "e": [0, 0], "f": [1, 0],        # f's group disagrees
+        "g": [1, 0], "h": [1, 0]})
+    assert played == ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e", "f", "f"]
+    assert [(t.task, t.reward, t.group) for t in trajs] == [("e", 0, 0), ("e", 0, 0), ("f", 1, 1), ("f", 0, 1)]
+    assert note.startswith("sampled (tasks e, f: the 2 pair(s) before")
+
+
+def test_the_probe_batch_alternates_rewards_only_when_no_pair_disagrees(monkeypatch):
+    trajs, note, played = _probe_with_rewards(monkeypatch, {name: [1, 1] for name in "abcdef"}, tries=2)
+    assert played == ["a", "a", "b", "b", "c", "c", "d", "d"]      # two pairs tried, no more
+    assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0] and [t.task for t in trajs] == ["c", "c", "d", "d"]
+    assert note.startswith("alternating 1/0") and "2 pairs" in note
+    _, note, played = _probe_with_rewards(monkeypatch, {"a": [1, 0], "b": [1, 1]})
+    assert note == "sampled" and played == ["a", "a", "b", "b"]
+
+
 def _lab_numbers(changed: bool, pretrained: bool) -> dict:
     ci = {"mean": 0.25, "lo": 0.1, "hi": 0.4}
     held = {"before": ci, "after": {"mean": 0.5, "lo": 0.3, "hi": 0.7}, "gain": {"mean": 0.25, "lo": 0.05, "hi": 0.45}}

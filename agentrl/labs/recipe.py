@@ -34,7 +34,7 @@ from agentrl.labs.progress import GRPOCheckpoint, LabProgress, load_weights
 from agentrl.labs.signal import StepSignal, decision_entropy, signal_check
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
-from agentrl.rl.rollout import sample_episodes
+from agentrl.rl.rollout import informative, sample_episodes
 from agentrl.rl.trainer import SEAMS, make_optimizer, train
 from agentrl.starting.chat import clone, expert_demo, format_demo, tools_expert_demo
 
@@ -137,19 +137,30 @@ def tools_behaviour(trajs: list) -> dict:
             "per_family": dict(sorted(families.items()))}
 
 
-def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator) -> tuple[list, str]:
+PROBE_TRIES = 10   # pairs of training tasks the probe batch tries (the 20 training tasks once each)
+
+
+def probe_batch(model, chat, tasks, cfg, env_factory, generator: torch.Generator,
+                tries: int = PROBE_TRIES) -> tuple[list, str]:
     """A first batch of whole episodes sampled from the policy, two groups of cfg.group_size, and where its rewards
-    came from. Invariant 8 needs a reward signal: if every sampled episode got the same reward, the rewards are set
-    to alternate 1/0 within each group (the invariants test the trainer, not the environment)."""
-    envs = [env_factory(task, generator) for task in tasks[:2] for _ in range(cfg.group_size)]
-    trajs = sample_episodes(model, envs, chat, generator, cfg.temperature, cfg.max_call_tokens)
-    for i, t in enumerate(trajs):
-        t.group = i // cfg.group_size
-    if len({t.reward for t in trajs}) > 1:
-        return trajs, "sampled"
+    came from. Invariant 8 needs a group whose rewards disagree (else every advantage is 0), so the batch is drawn from
+    successive pairs of training tasks (tasks[0:2], tasks[2:4], ...) until one has such a group, at most `tries`
+    pairs. Failing that, the last batch's rewards are set to alternate 1/0 within each group (the invariants test the
+    trainer, not the environment); where a group's episodes took the same actions, check 8 then measures noise."""
+    for attempt in range(tries):
+        pair = [tasks[(2 * attempt + k) % len(tasks)] for k in range(2)]
+        envs = [env_factory(task, generator) for task in pair for _ in range(cfg.group_size)]
+        trajs = sample_episodes(model, envs, chat, generator, cfg.temperature, cfg.max_call_tokens)
+        for i, t in enumerate(trajs):
+            t.group = i // cfg.group_size
+        if informative(trajs, cfg.group_size):
+            return trajs, "sampled" if attempt == 0 else \
+                f"sampled (tasks {', '.join(t.name for t in pair)}: the {attempt} pair(s) before had no group whose " \
+                "rewards disagree)"
     for i, t in enumerate(trajs):
         t.reward = float(i % 2 == 0)
-    return trajs, "alternating 1/0 within each group (the sampled episodes all had the same reward)"
+    return trajs, (f"alternating 1/0 within each group (no group of the {tries} pairs of tasks tried had rewards "
+                   "that disagree)")
 
 
 def preflight(model, chat, tasks, cfg, env_factory, seed: int) -> dict:
