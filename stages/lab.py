@@ -1,7 +1,8 @@
 """Stage lab@<name>: a real-model lab (docs/labs.md) on the Hugging Face backend. Outside the default pipeline
 (lab.runs is empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly.
 Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed), and a
-lab killed part-way goes on from its last finished phase or GRPO step when run again (agentrl.labs.progress). A lab
+lab killed part-way goes on from its last finished phase or GRPO step when run again (agentrl.labs.progress); one its
+gates stop keeps its report and provenance record, then exits with one line naming the failed checks. A lab
 whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
 
 from agentrl.backends.hf import ENTRY as HF
@@ -31,6 +32,7 @@ def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:
 
 def main(name: str | None = None, past_gates: bool = False):
     name = lab_instance(name)
+    stopped = []   # why the gates stopped the lab: the stage exits with it once its report and provenance are kept
 
     def body(ctx):
         from agentrl.labs.allocator import keep_freed_memory
@@ -60,8 +62,9 @@ def main(name: str | None = None, past_gates: bool = False):
                              **({"heldout_after": held["after"]["mean"], "heldout_gain": held["gain"]["mean"]}
                                 if "gain" in held else {})})
         if record["stopped"] and not record["stopped"]["went_on"]:   # its phases stay kept for --past-gates
-            raise StageError(f"lab {name}: stopped before GRPO: {'; '.join(record['stopped']['reasons'])} (the report "
-                             f"reports/labs/{name}.md says so; --past-gates goes on)")
+            stopped.extend(record["stopped"]["reasons"])
+            ctx.run.set_tags({"stopped_before_grpo": "; ".join(stopped)[:1000]})
+            return
         clear_progress(out)   # the report is written: nothing left to resume
         print(f"lab {name}: held-out pass {held['before']['mean']:.3f} -> {held['after']['mean']:.3f} "
               f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
@@ -70,6 +73,9 @@ def main(name: str | None = None, past_gates: bool = False):
     spec = (read_params_file("params.yaml").get("lab") or {}).get("configs", LAB_CONFIGS).get(name, {})
     run_stage(f"lab@{name}", SECTIONS, [], body, only={"lab": ["device", "eval_batch", f"configs.{name}"]},
               numerics=spec.get("numerics") if isinstance(spec, dict) else None)
+    if stopped:   # after the stage run closed: the report of a stopped lab is audited like any other
+        raise StageError(f"lab {name}: stopped before GRPO: {'; '.join(stopped)} (the report reports/labs/{name}.md "
+                         "says so; --past-gates goes on)")
 
 
 if __name__ == "__main__":

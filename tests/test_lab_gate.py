@@ -1,0 +1,109 @@
+"""The labs' gate (docs/labs.md, recipe steps 4 and 6): each failed preflight check and a signal check below
+min_signal is named; a lab the gate stops exits with that one line after its report and its provenance record are
+kept, so `audit` traces a stopped lab's numbers like a finished one's."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from agentrl.labs.recipe import gate_failures
+
+REPO = Path(__file__).resolve().parents[1]
+PASSING = {"ratio_is_one": {"passed": True, "value": 2e-6}, "update_direction": {"passed": True, "value": 0.85}}
+SIGNAL = {"informative_share": 0.75, "groups": 8}
+
+
+def test_a_passing_gate_and_enough_signal_stop_nothing():
+    assert gate_failures({"checks": PASSING}, SIGNAL, SimpleNamespace(min_signal=0.25)) == []
+    assert gate_failures({"checks": PASSING}, None, SimpleNamespace(min_signal=0.25)) == []   # no signal check run
+
+
+def test_the_gate_names_each_failed_check_by_number_and_a_signal_below_min_signal():
+    checks = {**PASSING, "update_direction": {"passed": False, "value": -0.206}}
+    assert gate_failures({"checks": checks}, SIGNAL, SimpleNamespace(min_signal=0.25)) == [
+        "preflight check 8 (update_direction) failed: -0.206"]
+    weak = {"informative_share": 0.125, "groups": 8}
+    assert gate_failures({"checks": checks}, weak, SimpleNamespace(min_signal=0.25)) == [
+        "preflight check 8 (update_direction) failed: -0.206",
+        "the signal check found 0.12 of its 8 groups with rewards that disagree, below min_signal 0.25"]
+
+
+@pytest.fixture
+def lab_project(tmp_path, monkeypatch, store_template):
+    """A project with this checkout's code, the lab stage's dvc.yaml entry and a lab `x`."""
+    root = tmp_path / "proj"
+    for part in ("agentrl", "stages"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    graph = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"lab": graph["stages"]["lab"]}}))
+    (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["lab"]["configs"] = {"x": {"steps": 2}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copy(store_template, tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    monkeypatch.setenv("AGENTRL_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.chdir(root)
+    return root
+
+
+def _stopped_lab(went_on: bool):
+    """run_lab and lab_report as a lab whose preflight check 8 failed leaves them (the recipe itself is tested on
+    small models in tests/test_labs.py; this is the stage around it)."""
+    record = {"config": {"model": None, "environment": "gym"}, "history": [], "wall_s": 12.0, "cpu_s": 20.0,
+              "peak_memory_mib": 100.0,
+              "stopped": {"reasons": ["preflight check 8 (update_direction) failed: -0.206"], "went_on": went_on}}
+
+    def run_lab(name, params, out, model_dir, **kwargs):
+        assert kwargs["past_gates"] is went_on
+        return record
+
+    def lab_report(rec):
+        return {"held_out": {"before": {"mean": 0.5}}}, "# Lab `x`\n\n**Stopped before GRPO.**\n"
+    return run_lab, lab_report
+
+
+def test_a_lab_the_gate_stops_exits_in_one_line_and_keeps_its_report_and_provenance(lab_project, monkeypatch,
+                                                                                      capsys):
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from agentrl.core.boundary import guard
+    from agentrl.tracking import audit
+    from stages import lab
+    run_lab, lab_report = _stopped_lab(went_on=False)
+    monkeypatch.setattr("agentrl.labs.recipe.run_lab", run_lab)
+    monkeypatch.setattr("agentrl.labs.report.lab_report", lab_report)
+    code = guard("lab", lab.main, "x", False)
+    err = capsys.readouterr().err
+    assert code != 0
+    assert err.strip().splitlines() == ["error: lab x: stopped before GRPO: preflight check 8 (update_direction) "
+                                        "failed: -0.206 (the report reports/labs/x.md says so; --past-gates goes on)"]
+    assert json.loads((lab_project / "reports/labs/x.json").read_text()) == {"held_out": {"before": {"mean": 0.5}}}
+    record = json.loads((lab_project / "reports/provenance/lab@x.json").read_text())
+    assert record["stage"] == "lab@x" and record["params"]["lab.configs.x.steps"] == 2
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("agentrl").experiment_id])
+    assert [r.data.tags.get("stopped_before_grpo") for r in runs] == [
+        "preflight check 8 (update_direction) failed: -0.206"]
+    traced = audit.audit("reports/labs/x.json:held_out.before.mean", lab_project)
+    assert traced["outside"] and traced["value"] == 0.5 and traced["status"] == "current", traced
+
+
+def test_a_lab_told_to_go_past_its_gates_finishes_without_the_stop(lab_project, monkeypatch, capsys):
+    from agentrl.core.boundary import guard
+    from stages import lab
+    run_lab, lab_report = _stopped_lab(went_on=True)
+    monkeypatch.setattr("agentrl.labs.recipe.run_lab", run_lab)
+    monkeypatch.setattr("agentrl.labs.report.lab_report", lambda rec: (
+        {"held_out": {"before": {"mean": 0.5}, "after": {"mean": 0.5},
+                      "gain": {"mean": 0.0, "lo": -0.1, "hi": 0.1}}}, "# Lab `x`\n"))
+    assert guard("lab", lab.main, "x", True) == 0, capsys.readouterr().err
+    assert (lab_project / "reports/provenance/lab@x.json").is_file()
