@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from agentrl.core import config
-from agentrl.core.config import RLConfig
+from agentrl.core.config import ConfigError, RLConfig
 from agentrl.env.gym.spec import GYM
 from agentrl.env.tasks import make_tasks
 from agentrl.rl import curriculum, rollout, schedule
@@ -166,6 +166,40 @@ def test_weighted_task_choice_is_distinct_and_follows_the_weights():
     for _ in range(300):
         counts[rollout.choose_weighted_tasks(tasks, 1, [10.0] + [1.0] * 19, g)[0].name] += 1
     assert counts[tasks[0].name] > 60   # weight 10 of 29: about a third
+
+
+def test_family_draw_spreads_a_step_over_the_families():
+    tasks = make_tasks("train")   # 5 families x 4 tasks
+    families = {t.family for t in tasks}
+    g = torch.Generator().manual_seed(0)
+    uniform_spread = [len({t.family for t in rollout.choose_tasks(tasks, 5, g)}) for _ in range(200)]
+    assert min(uniform_spread) < 5   # a uniform draw of 5 of the 20 misses a family in 93% of draws
+    counts = {t.name: 0 for t in tasks}
+    for _ in range(200):
+        picks = rollout.choose_by_family(tasks, 5, g)
+        assert {t.family for t in picks} == families and len({t.name for t in picks}) == 5
+        four = rollout.choose_by_family(tasks, 4, g)
+        assert len({t.family for t in four}) == 4
+        for t in picks:
+            counts[t.name] += 1
+    assert min(counts.values()) > 25 and max(counts.values()) < 75   # within a family each task ~50 of 200
+    whole = rollout.choose_by_family(tasks, 20, g)
+    assert sorted(t.name for t in whole) == sorted(t.name for t in tasks)   # distinct until the pool is spent
+    assert [len({t.family for t in whole[i:i + 5]}) for i in range(0, 20, 5)] == [5, 5, 5, 5]
+    assert len(rollout.choose_by_family(tasks, 23, g)) == 23
+    a = rollout.choose_by_family(tasks, 7, torch.Generator().manual_seed(3))
+    assert a == rollout.choose_by_family(tasks, 7, torch.Generator().manual_seed(3))
+
+
+def test_task_draw_is_a_knob_the_step_uses_and_refuses_a_curriculum(quick_base, tok, train_tasks):
+    cfg = RLConfig(group_size=2, tasks_per_step=5, task_draw="families")
+    _, sampled = rollout.sample_step(quick_base, GYM.make(cfg), make_tasks("train"), tok, cfg,
+                                     torch.Generator().manual_seed(1))
+    assert len({t.record.family for t in sampled}) == 5
+    with pytest.raises(ConfigError, match="RLConfig.task_draw: families .* allowed: uniform"):
+        RLConfig(task_draw="families", curriculum="pass_rate")
+    with pytest.raises(ConfigError, match="RLConfig.task_draw: unknown value 'strata'; allowed: uniform, families"):
+        RLConfig(task_draw="strata")
 
 
 # ---------------------------------------------------------------- dynamic sampling

@@ -16,6 +16,7 @@ from agentrl.core.variants import (
     POLICY_LOSSES,
     RATIO_LEVELS,
     REWARD_SCALES,
+    TASK_DRAWS,
 )
 
 REWARDS = ("hidden", "public")
@@ -79,6 +80,8 @@ class RLConfig(Section):
                            choices=CURRICULA)
     curriculum_window: int = _int(10, "curriculum: the pass rate of the last this-many steps (Laplace-smoothed)",
                                   lo=1)
+    task_draw: str = knob("uniform", str, "a step's distinct tasks: uniform, or families (one task per family in "
+                          "turn, so a step's groups spread evenly over the task families)", choices=TASK_DRAWS)
 
     def check(self):
         if self.group_size * self.tasks_per_step < self.minibatches:
@@ -87,6 +90,9 @@ class RLConfig(Section):
         if self.adv_std_scale and self.scale_rewards not in (None, "group"):
             raise ConfigError(f"RLConfig.scale_rewards: {self.scale_rewards!r} contradicts adv_std_scale=true (its "
                               "shorthand for 'group'); set one of them")
+        if self.task_draw != "uniform" and self.curriculum != "none":
+            raise ConfigError(f"RLConfig.task_draw: {self.task_draw} draws tasks by family and takes no curriculum "
+                              f"weights; with curriculum: {self.curriculum} allowed: uniform")
 
     @property
     def clip_range(self) -> tuple[float, float]:

@@ -24,6 +24,7 @@ OBJECTIVE = (ADV_ESTIMATORS, REWARD_SCALES, RATIO_LEVELS, POLICY_LOSSES, LOSS_MO
 KEEP_MODES = Registry("keep mode", "rl.keep")                            # which groups are trained on
 LR_SCHEDULES = Registry("learning-rate schedule", "rl.lr_schedule")
 CURRICULA = Registry("curriculum", "rl.curriculum")
+TASK_DRAWS = Registry("task draw", "rl.task_draw")                       # which distinct tasks a step samples
 
 # name -> EnvironmentSpec (agentrl.env.base); agentrl.env.registry declares the ones that ship
 ENVIRONMENTS = Registry("environment", "environment")
