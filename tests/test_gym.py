@@ -14,8 +14,10 @@ from agentrl.core.config import FAMILIES
 from agentrl.env.gym.callers import ExpertCaller, RandomCaller, call_tokens, environment_check, play
 from agentrl.env.gym.environment import (
     END_CALL,
+    END_OBS,
     ERROR_OBS,
     NAME_POOL,
+    OBS,
     CodeEnv,
     code_tokens,
     constants,
@@ -24,6 +26,7 @@ from agentrl.env.gym.environment import (
     run_tests,
     source_observation,
 )
+from agentrl.env.gym.environment import test_observation as shown_tests
 from agentrl.env.ops import OPS, REPAIR_OPS, apply_op, keyword_rule
 from agentrl.env.tasks import make_tasks, task_by_name
 
@@ -417,3 +420,52 @@ def test_envcheck_cli(repo_root):
     res = environment_check(TRAIN, episodes=200, seed=0)
     assert float(expert.group(1)) == pytest.approx(res["expert"]["mean_reward"], abs=5e-4)
     assert float(random.group(1)) == pytest.approx(res["random"]["mean_reward"], abs=5e-4)
+
+
+# ---------------------------------------------------------------- operands under filler names (rl.p_rename_operands)
+
+@pytest.mark.parametrize("task", ALL, ids=ids(ALL))
+def test_renamed_operands_change_only_what_read_shows(task):
+    """At p_rename_operands 1 every episode's read shows each operand under a filler name, one per operand, and
+    nothing else moves: the same tokens elsewhere, the keyword rule's op, the tests and the reward."""
+    factory = make_env_factory(6, "hidden", True, p_rename_operands=1.0)
+    gen = torch.Generator().manual_seed(3)
+    operands = operand_names(task.source, task.func)
+    for _ in range(4):
+        env = factory(task, gen)
+        assert set(env.operands) == operands and len(set(env.operands.values())) == len(operands)
+        assert not set(env.operands.values()) & (operands | {env.name, task.func})
+        shown = env.step(call_tokens("read"))
+        authored = [OBS] + source_observation(task, None, env.name) + [END_OBS]
+        assert shown == [env.operands.get(t, t) for t in authored] and not operands & set(shown)
+        assert keyword_rule(shown) == keyword_rule(authored) == task.oracle
+        env.step(call_tokens("edit", task.oracle))
+        assert env.step(call_tokens("test")) == [OBS] + shown_tests(run_tests(task, task.oracle)) + [END_OBS]
+        env.step(call_tokens("submit"))
+        assert env.reward == 1.0
+
+
+def test_p_rename_operands_zero_draws_exactly_as_before():
+    """At 0 (the default) no episode is renamed and the generator is drawn from as a factory without the knob
+    draws: every committed number stays where it was."""
+    plain, zero = make_env_factory(6, "hidden", True), make_env_factory(6, "hidden", True, p_rename_operands=0.0)
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for task in TRAIN:
+        assert plain(task, a).name == (env := zero(task, b)).name and env.operands is None
+    assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_p_rename_operands_renames_that_share_of_episodes():
+    factory, gen = make_env_factory(6, "hidden", True, p_rename_operands=0.5), torch.Generator().manual_seed(0)
+    renamed = sum(factory(task, gen).operands is not None for task in TRAIN for _ in range(20))
+    assert 0.4 < renamed / 400 < 0.6   # binomial(400, 0.5): 4 standard deviations either side
+
+
+def test_an_evaluation_shows_the_authored_source_whatever_training_shows():
+    from agentrl.core.config import load_section
+    from agentrl.env.gym.spec import GYM
+    cfg = load_section("rl", {"rl": {"p_rename_operands": 1.0}})
+    training, evaluation = GYM.make(cfg), GYM.make(cfg, evaluation=True)
+    gen = torch.Generator().manual_seed(0)
+    assert all(training(task, gen).operands for task in TRAIN)
+    assert all(evaluation(task, gen).operands is None for task in ALL)

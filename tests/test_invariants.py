@@ -262,7 +262,8 @@ NUMERIC = [("clip_eps_high", 0.28, None, None), ("clip_eps_low", 0.1, "clip_eps_
            ("clip_ratio_c", 3.0, None, None), ("lr_warmup", 5, "lr_schedule", "cosine"),
            ("entropy_coef", 0.01, None, None), ("entropy_target", 0.5, None, None), ("microbatches", 4, None, None),
            ("epochs", 2, None, None), ("curriculum_window", 3, "curriculum", "pass_rate"),
-           ("ratio_level", "sequence", "loss_mode", "seq_mean_token_mean")]   # GSPO as its papers run it
+           ("ratio_level", "sequence", "loss_mode", "seq_mean_token_mean"),   # GSPO as its papers run it
+           ("p_rename_operands", 1.0, None, None)]
 KNOBS = [("loss_mode", m, "kl_kind", k) for m in LOSS_MODES for k in KL_KINDS] + \
         [(name, value, None, None) for name, value in _enumerated_rl_knobs()
          if name not in ("loss_mode", "kl_kind")] + \

@@ -164,3 +164,23 @@ def test_a_labs_report_names_its_kl_penalty_only_where_it_has_one(repo_root, kl_
     rl = {**record["rl"], "kl_coef": kl_coef, "kl_kind": "k3", "temperature": 1.0}
     _, md = lab_report({**record, "rl": rl, "history": []})
     assert text in md and md.count("KL penalty") == (1 if kl_coef else 0)
+
+
+@pytest.mark.parametrize("changes, text", [
+    ({"task_draw": "families"}, "episodes, tasks drawn one per family in turn, Adam at lr"),
+    ({"p_rename_operands": 0.5}, "episodes, operands under filler names in 0.5 of training episodes (held-out: the "
+                                 "authored source), Adam at lr"),
+    ({}, "episodes, Adam at lr")])
+def test_a_labs_report_names_its_task_draw_and_renamed_operands_only_where_set(repo_root, changes, text):
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    _, md = lab_report({**record, "rl": {**record["rl"], **changes}, "history": []})
+    assert text in md and md.count("filler names") == int("p_rename_operands" in changes)
+
+
+def test_a_lab_stopped_before_grpo_says_how_many_of_its_steps_ran(repo_root):
+    from agentrl.labs.report import grpo_steps_text
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    assert "GRPO: 0 of 16 steps of 4 tasks x 8 episodes" in lab_report({**record, "history": []})[1]
+    assert grpo_steps_text(record, 16) == "16 steps" and grpo_steps_text(record, 9) == "9 of 16 steps"

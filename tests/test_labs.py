@@ -28,6 +28,10 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, device, eval_batch, configs"),
     ({"configs": {"menu": {"hidden": 1_000_000}}}, r"lab.configs.menu.hidden: expected an integer in \[8, 4096\]"),
     ({"configs": {"menu": {"steps": 10**21}}}, r"lab.configs.menu.steps: expected an integer in \[1, 100000\]"),
+    ({"configs": {"tools": {"environment": "coding", "rl": {"p_rename_operands": 0.5}}}},
+     r"lab.configs.tools.rl.p_rename_operands: the gym's sources have operands to rename, the coding environment's "
+     r"files do not; allowed here: 0.0"),
+    ({"configs": {"menu": {"rl": {"p_rename_operands": 1.5}}}}, r"lab.configs.menu.rl.p_rename_operands: expected"),
 ])
 def test_a_bad_lab_value_is_one_line_naming_it(values, message):
     with pytest.raises(ParamsError, match=message) as err:
@@ -365,3 +369,18 @@ def test_the_labs_study_puts_every_committed_lab_beside_the_books_run(tmp_path, 
                            "0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | 1.00 -> 0.00 | 0.500 -> 0.100 | 0.400 |")
     numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
     assert set(numbers["labs"]) == {"smol", "menu"} and numbers["book_qwen3_0_6b"]["gain"] == "+0.60 [+0.33, +0.88]"
+
+
+def test_a_labs_training_episodes_rename_operands_and_its_evaluations_never():
+    """rl.p_rename_operands reaches the lab's training episodes (cold start, signal check, preflight, GRPO) and not
+    its held-out evaluation or the op probe, which read the authored sources whatever the lab trains on."""
+    from agentrl.core.config import lab_run
+    from agentrl.env.tasks import make_tasks
+    from agentrl.labs.recipe import env_factory_for
+    run = lab_run("menu", {"rl": {"p_rename_operands": 1.0}})
+    training, evaluation = env_factory_for(run), env_factory_for(run, evaluation=True)
+    gen = torch.Generator().manual_seed(0)
+    assert all(training(task, gen).operands for task in make_tasks("train"))
+    assert all(evaluation(task, gen).operands is None for task in make_tasks("all"))
+    plain = env_factory_for(lab_run("menu", {}))
+    assert all(plain(task, gen).operands is None for task in make_tasks("train"))

@@ -37,7 +37,7 @@ def test_covers_sources_under_every_op_with_every_name(tok, all_tasks):
 
 
 def test_covers_sources_with_filler_operands(tok, all_tasks):
-    from agentrl.starting.tinyagent import filler_operands
+    from agentrl.env.gym.environment import filler_operands
     gen = torch.Generator().manual_seed(0)
     for task in all_tasks:
         for name in NAME_POOL[:4]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrl.core.knobs import ConfigError, Section, knob
+from agentrl.core.knobs import ConfigError, Section, knob, prob
 from agentrl.core.knobs import int_knob as _int
 from agentrl.core.variants import (
     ADV_ESTIMATORS,
@@ -53,6 +53,8 @@ class RLConfig(Section):
     max_call_tokens: int = _int(5, "a call without </call> is cut off after this many tokens", lo=3)
     reward: str = knob("hidden", str, "hidden tests; 'public' is the reward-hacking control", choices=REWARDS)
     rename: bool = knob(True, bool, "randomize function names per episode")
+    p_rename_operands: float = prob(0.0, "this share of training episodes shows the source's operands under filler "
+                                    "names drawn per episode (the gym; an evaluation always shows the authored source)")
     seed: int = _int(0, "run.seed (not an rl key)", **SEED)
     # research knobs (docs/research.md); at their defaults a run is bit-identical to plain GRPO above
     clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", **CLIP,

@@ -72,7 +72,9 @@ def key_of(changes: dict) -> str:
 def cold_start(run, seed: int, model_dir_for_small: Path, device: str, log):
     """(model, chat, seconds, losses): the cell's cold start, cloned once per cold-start config and reloaded after."""
     from agentrl.backends.hf import save_model
-    digest = hashlib.sha256(json.dumps({k: getattr(run, k) for k in COLD_KEYS} | {"seed": seed},
+    renamed = run.rl.get("p_rename_operands", 0.0)   # the demonstrations' sources (keyed only when set: old keys hold)
+    digest = hashlib.sha256(json.dumps({k: getattr(run, k) for k in COLD_KEYS} | {"seed": seed}
+                                       | ({"p_rename_operands": renamed} if renamed else {}),
                                        sort_keys=True).encode()).hexdigest()[:12]
     saved = COLD_DIR / f"cold-{digest}"
     if (saved / "cold.json").is_file():

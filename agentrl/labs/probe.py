@@ -157,7 +157,7 @@ def probe_checkpoints(name: str, checkpoints: list[str], log=print) -> dict:
     out = {}
     for label, d in zip(checkpoints, dirs):
         model, chat, _ = load_policy(replace(run, model=str(d)), seed, d, device)
-        contexts = probe_contexts(chat, env_factory_for(run), seed)
+        contexts = probe_contexts(chat, env_factory_for(run, evaluation=True), seed)
         out[label] = {split: op_probe(model, chat, contexts[split]) for split in SPLITS}
         log(f"{label}: " + "; ".join(f"{s} p_oracle {out[label][s]['p_oracle']:.3f}, information "
                                      f"{out[label][s]['information']:.3f}" for s in SPLITS))
@@ -180,7 +180,7 @@ def clone_curve(name: str, every: int, steps: int, log=print) -> list[dict]:
     from agentrl.starting.chat import clone
     run, seed, device = _lab(name)
     model, chat, _ = load_policy(run, seed, Path("data/labs/cells/small-model"), device)
-    contexts = probe_contexts(chat, env_factory_for(run), seed)
+    contexts = probe_contexts(chat, env_factory_for(run, evaluation=True), seed)
     g = stream_generator(seed, "lab", "cold_start")
     demos = demonstrations(run, make_tasks("train"), chat, env_factory_for(run), g)
     rows, start = [], time.time()

@@ -57,12 +57,15 @@ def demonstrations(run, tasks: list, chat, env_factory, g: torch.Generator) -> l
     return [EXPERTS[run.environment](env_factory(task, g), chat) for task in tasks for _ in range(run.demos_per_task)]
 
 
-def env_factory_for(run, clock=None):
-    """The lab's episodes: run.max_turns turns, the hidden tests' reward, the function renamed per episode."""
-    rules = SimpleNamespace(max_turns=run.max_turns, reward="hidden", rename=True)
+def env_factory_for(run, clock=None, evaluation: bool = False):
+    """The lab's episodes: run.max_turns turns, the hidden tests' reward, the function renamed per episode; a training
+    episode shows its operands under filler names as often as the lab's rl.p_rename_operands says, an evaluation's
+    never."""
+    rules = SimpleNamespace(max_turns=run.max_turns, reward="hidden", rename=True,
+                            p_rename_operands=run.rl.get("p_rename_operands", 0.0))
     if run.environment == "coding":
-        return environment("coding").make(rules, clock=clock)
-    return environment(run.environment).make(rules)
+        return environment("coding").make(rules, evaluation=evaluation, clock=clock)
+    return environment(run.environment).make(rules, evaluation=evaluation)
 
 
 def check_device(device: str) -> None:
@@ -262,13 +265,13 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
         progress.begin("the start" if not progress.state["phases"] else
                        f"GRPO step {kept_grpo[1]['step']}" if left == "grpo" and kept_grpo else left or "the record")
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
-        env_factory = env_factory_for(run, clock)
+        env_factory, eval_factory = env_factory_for(run, clock), env_factory_for(run, clock, evaluation=True)
         cfg = rl_config(rl, run)
         evaluations = {}
         from agentrl.backends.hf import save_model
         if run.model:   # a pretrained model as it is: the column before any training
             evaluations["pretrained"] = phase("eval_pretrained", lambda: held_out(
-                model, heldout, chat, run, cfg, env_factory, seed, "pretrained", lab.eval_batch))
+                model, heldout, chat, run, cfg, eval_factory, seed, "pretrained", lab.eval_batch))
 
         def cold_start():
             g = stream_generator(seed, "lab", "cold_start")
@@ -293,7 +296,7 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
             log(f"lab {name}: " + ("gates failed, going on as asked: " if past_gates else "stopped before GRPO: ")
                 + "; ".join(failures))
         evaluations["before"] = phase("eval_before", lambda: held_out(
-            model, heldout, chat, run, cfg, env_factory, seed, "before", lab.eval_batch))
+            model, heldout, chat, run, cfg, eval_factory, seed, "before", lab.eval_batch))
 
         if not failures or past_gates:
             model.train()
@@ -321,7 +324,7 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
             history, changed = trained["history"], trained["changed"]
             timings["grpo"] = round(timings["grpo"] + trained["seconds_before"], 1)
             evaluations["after"] = phase("eval_after", lambda: held_out(
-                model, heldout, chat, run, cfg, env_factory, seed, "after", lab.eval_batch))
+                model, heldout, chat, run, cfg, eval_factory, seed, "after", lab.eval_batch))
     finally:
         torch.set_default_device(previous_device)
     wall_s, cpu_s = progress.elapsed()

@@ -293,6 +293,20 @@ def kl_penalty_text(rl: dict) -> str:
     return f"KL penalty {coef:g} ({rl.get('kl_kind', '?')}, to the cold start), " if coef > 0 else ""
 
 
+def episode_draw_text(rl: dict) -> str:
+    """How a step's tasks were drawn and what their sources showed, where the lab changes it from the default."""
+    out = "tasks drawn one per family in turn, " if rl.get("task_draw", "uniform") != "uniform" else ""
+    share = rl.get("p_rename_operands") or 0
+    return out + (f"operands under filler names in {share:g} of training episodes (held-out: the authored "
+                  "source), " if share > 0 else "")
+
+
+def grpo_steps_text(record: dict, steps_run: int) -> str:
+    """The GRPO steps run, and of how many when the lab stopped short of its config's."""
+    planned = record["config"].get("steps", steps_run)
+    return f"{steps_run} steps" if steps_run == planned else f"{steps_run} of {planned} steps"
+
+
 def lab_report(record: dict) -> tuple[dict, str]:
     """(numbers, markdown) of a lab's record."""
     seed, env = record["seed"], record["config"]["environment"]
@@ -316,10 +330,11 @@ def lab_report(record: dict) -> tuple[dict, str]:
           f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}), seed {seed}. "
           f"Cold start: {cold['demos']} {kind} (demonstration pass {cold['demo_pass']:.2f}), {cold['steps']} "
           f"steps, cross-entropy {fmt(cold['loss_first'], 2)} -> {fmt(cold['loss_last'], 2)}. GRPO: "
-          f"{training['steps']} steps of {rl.get('tasks_per_step', '?')} tasks x {rl.get('group_size', '?')} "
-          f"episodes, Adam at lr {rl.get('lr', '?')} (warm-up {rl.get('lr_warmup', 0)} steps), keep "
-          f"{rl.get('keep', '?')}, {rl.get('minibatches', '?')} minibatches, temperature {rl.get('temperature', '?')}, "
-          f"{kl_penalty_text(rl)}KL bound {record['config'].get('max_kl')}.", "",
+          f"{grpo_steps_text(record, training['steps'])} of {rl.get('tasks_per_step', '?')} tasks x "
+          f"{rl.get('group_size', '?')} episodes, {episode_draw_text(rl)}Adam at lr {rl.get('lr', '?')} (warm-up "
+          f"{rl.get('lr_warmup', 0)} steps), keep {rl.get('keep', '?')}, {rl.get('minibatches', '?')} minibatches, "
+          f"temperature {rl.get('temperature', '?')}, {kl_penalty_text(rl)}KL bound {record['config'].get('max_kl')}.",
+          "",
           "## Held-out pass (hidden tests)", "", *held_out_lines(record, held, training), "",
           *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), ""]
     if env == "coding":

@@ -167,14 +167,13 @@ def choose_by_family(tasks: list, n: int, generator: torch.Generator) -> list:
     families: dict[str, list] = {}
     for task in tasks:
         families.setdefault(task.family, []).append(task)
-    names = list(families)
     order: list = []
     while len(order) < n:
         queues = [[members[i] for i in torch.randperm(len(members), generator=generator,
                                                          device=generator.device).tolist()]
                   for members in families.values()]
         while any(queues) and len(order) < n:
-            for f in torch.randperm(len(names), generator=generator, device=generator.device).tolist():
+            for f in torch.randperm(len(queues), generator=generator, device=generator.device).tolist():
                 if queues[f] and len(order) < n:
                     order.append(queues[f].pop(0))
     return order
@@ -238,7 +237,8 @@ def keep_resample(first: list[Trajectory], more, cfg) -> tuple[list, list]:
 def sample_step(model, env_factory, tasks: list, tok, cfg, generator: torch.Generator,
                 temperature: float | None = None, weights: list[float] | None = None
                 ) -> tuple[list[Trajectory], list[Trajectory]]:
-    """One step's batch: `tasks_per_step` tasks (uniformly, or by curriculum `weights`) x `group_size` episodes.
+    """One step's batch: `tasks_per_step` tasks (TASK_DRAWS[cfg.task_draw]: uniformly or one per family; or by
+    curriculum `weights`) x `group_size` episodes.
     Returns (kept, sampled); `kept` is what the update trains on (KEEP_MODES[cfg.keep]: all groups, only informative
     ones, or informative ones topped up by further draws) and `sampled` every episode the step played."""
     chosen = draw_tasks(tasks, cfg.tasks_per_step, generator, weights, cfg.task_draw)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from agentrl.core.config import BaseConfig, ConfigError
 from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.gym.callers import call_tokens
-from agentrl.env.gym.environment import NAME_POOL, make_env_factory, operand_names
+from agentrl.env.gym.environment import filler_operands, make_env_factory
 from agentrl.env.ops import REPAIR_OPS, keyword_rule
 from agentrl.model.policy import ModelConfig, TinyAgent
 from agentrl.rl.objectives import masked_mean
@@ -230,15 +230,6 @@ class MixtureCaller:
             self.stage = "after_edit"
         elif body == ["test"] and self.stage == "after_edit":
             self.stage = "submit"
-
-
-def filler_operands(task, episode_name: str, generator: torch.Generator) -> dict:
-    """Map the task's operands to distinct filler names (from the function-name pool, minus the episode's
-    function name), so that which identifiers a source uses carries no information about its family."""
-    names = sorted(operand_names(task.source, task.func))
-    pool = [n for n in NAME_POOL if n != episode_name]
-    picks = torch.randperm(len(pool), generator=generator, device=generator.device)[:len(names)].tolist()
-    return {old: pool[i] for old, i in zip(names, picks)}
 
 
 def mixture_demos(tasks: list, tok, cfg: BaseConfig, generator: torch.Generator, max_turns: int = 6) -> list[Demo]:

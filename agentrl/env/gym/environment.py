@@ -140,8 +140,8 @@ def test_observation(report: TestReport) -> list[str]:
 
 
 def source_observation(task: Task, op: str | None, name: str, operands: dict | None = None) -> list[str]:
-    """Tokens of the current source as `read` shows it: the episode's function name (and, for augmented
-    demonstrations only, renamed operands)."""
+    """Tokens of the current source as `read` shows it: the episode's function name (and, where the episode draws
+    them, its operands' filler names)."""
     src = apply_op(task, op)
     src = re.sub(rf"\bdef {task.func}\(", f"def {name}(", src, count=1)
     toks = code_tokens(src)
@@ -173,7 +173,7 @@ class CodeEnv:
     name: str
     max_turns: int = 6
     reward_kind: str = "hidden"
-    operands: dict | None = None   # display renaming of operands (augmented demonstrations only)
+    operands: dict | None = None   # display renaming of operands (filler_operands)
     edit: str | None = None
     done: bool = False
     reward: float = 0.0
@@ -256,12 +256,27 @@ class CodeEnv:
         return None
 
 
-def make_env_factory(max_turns: int = 6, reward: str = "hidden", rename: bool = True):
-    """env_factory(task, generator) -> CodeEnv with a freshly drawn name (or the task's own if rename=False)."""
+def filler_operands(task: Task, episode_name: str, generator: torch.Generator) -> dict:
+    """Map the task's operands to distinct filler names (from the function-name pool, minus the episode's
+    function name), so that which identifiers a source uses carries no information about its family."""
+    names = sorted(operand_names(task.source, task.func))
+    pool = [n for n in NAME_POOL if n != episode_name]
+    picks = torch.randperm(len(pool), generator=generator, device=generator.device)[:len(names)].tolist()
+    return {old: pool[i] for old, i in zip(names, picks)}
+
+
+def make_env_factory(max_turns: int = 6, reward: str = "hidden", rename: bool = True, p_rename_operands: float = 0.0):
+    """env_factory(task, generator) -> CodeEnv with a freshly drawn name (or the task's own if rename=False); with
+    p_rename_operands > 0 that share of episodes shows the source's operands under filler names, also drawn per
+    episode (at 0 the generator is drawn from exactly as before)."""
     if reward not in REWARDS:
         raise ValueError(f"reward: unknown value {reward!r}; allowed: {', '.join(REWARDS)}")
 
     def factory(task: Task, generator: torch.Generator) -> CodeEnv:
         name = randomize_names(generator) if rename else task.func
-        return CodeEnv(task, name, max_turns=max_turns, reward_kind=reward)
+        env = CodeEnv(task, name, max_turns=max_turns, reward_kind=reward)
+        if p_rename_operands > 0 and \
+                float(torch.rand((), generator=generator, device=generator.device)) < p_rename_operands:
+            env.operands = filler_operands(task, name, generator)
+        return env
     return factory
