@@ -168,7 +168,9 @@ def test_a_labs_report_names_its_kl_penalty_only_where_it_has_one(repo_root, kl_
 
 @pytest.mark.parametrize("changes, text", [
     ({"task_draw": "families"}, "episodes, tasks drawn one per family in turn, Adam at lr"),
-    ({"p_rename_operands": 0.5}, "episodes, operands under filler names in 0.5 of training episodes (held-out: the "
+    ({"p_rename_operands": 0.5}, "episodes, operands under filler names in 50% of training episodes (held-out: the "
+                                 "authored source), Adam at lr"),
+    ({"p_rename_operands": 1.0}, "episodes, operands under filler names in every training episode (held-out: the "
                                  "authored source), Adam at lr"),
     ({}, "episodes, Adam at lr")])
 def test_a_labs_report_names_its_task_draw_and_renamed_operands_only_where_set(repo_root, changes, text):

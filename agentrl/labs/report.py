@@ -297,8 +297,8 @@ def episode_draw_text(rl: dict) -> str:
     """How a step's tasks were drawn and what their sources showed, where the lab changes it from the default."""
     out = "tasks drawn one per family in turn, " if rl.get("task_draw", "uniform") != "uniform" else ""
     share = rl.get("p_rename_operands") or 0
-    return out + (f"operands under filler names in {share:g} of training episodes (held-out: the authored "
-                  "source), " if share > 0 else "")
+    episodes = "every training episode" if share == 1 else f"{share:.0%} of training episodes"
+    return out + (f"operands under filler names in {episodes} (held-out: the authored source), " if share > 0 else "")
 
 
 def grpo_steps_text(record: dict, steps_run: int) -> str:
