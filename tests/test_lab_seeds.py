@@ -63,6 +63,15 @@ def test_labs_group_by_config_without_seed_and_order_by_seed():
     assert seed_groups({**labs, "a_again": _lab(0, before, after), "gpu": gpu}) == [["a", "c", "b"]]
 
 
+def test_a_seed_run_under_two_names_keeps_the_name_of_the_groups_first_lab():
+    before, after = _counts(0, 2), _counts(2, 2)
+    labs = {"lab": _lab(0, before, after), "lab_old": _lab(0, before, after), "lab_old_seed1": _lab(1, before, after),
+            "lab_seed1": _lab(1, before, after), "lab_seed2": _lab(2, before, after)}
+    assert seed_groups(labs) == [["lab", "lab_seed1", "lab_seed2"]]
+    del labs["lab_seed1"]   # where the first lab's seed-1 name did not run, the first name in order stands for it
+    assert seed_groups(labs) == [["lab", "lab_old_seed1", "lab_seed2"]]
+
+
 def test_pooled_averages_each_task_over_the_seeds_then_bootstraps_tasks():
     # seed 0: before [0, .5], after [.5, .5]; seed 1: before [0, 0], after [1, .5]
     # pooled per task: before [0, .25], after [.75, .5]; paired differences [.75, .25]

@@ -22,8 +22,11 @@ def config_key(numbers: dict) -> str:
 
 
 def seed_groups(labs: dict) -> list[list[str]]:
-    """Names of the labs that share a config and device at two or more different seeds, each group ordered by seed
-    (a seed run twice keeps its first name in order: a rerun is not another seed)."""
+    """Names of the labs that share a config and device at two or more different seeds, each group ordered by seed.
+
+    A seed run twice is not another seed: it keeps one name, the group's first name (`x`) or its `x_seed<N>` where
+    one ran (so `smollm2`, `smollm2_seed1`, `smollm2_seed2` stay together beside an earlier name for the same config),
+    else the first in name order."""
     groups: dict[str, list[str]] = {}
     for name, numbers in sorted(labs.items()):
         if "config" in numbers and "seed" in numbers:   # reports older than the config record stay out
@@ -31,7 +34,7 @@ def seed_groups(labs: dict) -> list[list[str]]:
     out = []
     for names in groups.values():
         first_of_seed = {}
-        for name in names:
+        for name in sorted(names, key=lambda n: (n not in (names[0], f"{names[0]}_seed{labs[n]['seed']}"), n)):
             first_of_seed.setdefault(labs[name]["seed"], name)
         if len(first_of_seed) > 1:
             out.append([first_of_seed[s] for s in sorted(first_of_seed)])
