@@ -7,7 +7,7 @@ from agentrl.env.coding import calls
 from agentrl.env.coding.bash import run_bash
 from agentrl.env.coding.environment import ToolsEnv, claims_success, make_tools_env_factory
 from agentrl.env.coding.expert import expert_calls, fix_edit, play
-from agentrl.env.coding.repository import Repository, public_test_file, renamed_source
+from agentrl.env.coding.repository import Repository, public_test_file, renamed_operands, renamed_source
 from agentrl.env.coding.schemas import TOOL_NAMES, TOOL_SCHEMAS, check_call
 from agentrl.env.tasks import make_tasks, task_by_name
 
@@ -200,6 +200,73 @@ def test_the_factory_draws_names_from_its_generator():
     names = [factory(TASK, torch.Generator().manual_seed(s)).name for s in range(8)]
     assert names == [factory(TASK, torch.Generator().manual_seed(s)).name for s in range(8)]
     assert len(set(names)) > 1 and TASK.func not in names
+
+
+# ---------------------------------------------------------------- operands under filler names (rl.p_rename_operands)
+
+def test_renamed_operands_rename_whole_words_in_one_pass():
+    swap = {"x": "kilo", "xs": "x"}   # one pass: xs becomes x, and that x does not then become kilo
+    assert renamed_operands("def f(xs):\n    for x in xs: s += x\n", swap) == \
+        "def f(x):\n    for kilo in x: s += kilo\n"
+    assert renamed_operands("y = 1e5 + x_1\n", {"e5": "z", "x": "w"}) == "y = 1e5 + x_1\n"
+    assert renamed_operands("s = 1\n", None) == "s = 1\n"
+
+
+@pytest.mark.parametrize("task", make_tasks("all"), ids=lambda t: t.name)
+def test_a_renamed_episode_s_file_has_filler_operands_and_the_expert_edits_it(task):
+    """At p_rename_operands 1 the episode's file shows every operand under a distinct filler name and no authored
+    operand; the public tests are untouched; the expert's Edit is found once in that file and turns it into the
+    renamed fixed source."""
+    from agentrl.env.gym.environment import operand_names
+    from agentrl.env.ops import apply_op
+    factory, gen = make_tools_env_factory(p_rename_operands=1.0), torch.Generator().manual_seed(1)
+    operands = operand_names(task.source, task.func)
+    for _ in range(3):
+        env = factory(task, gen)
+        assert set(env.operands) == operands and len(set(env.operands.values())) == len(operands)
+        assert not set(env.operands.values()) & (operands | {env.name, task.func})
+        source = env.repo.files[env.source_file]
+        assert not operand_names(source, env.name) & operands
+        assert operand_names(source, env.name) == set(env.operands.values())
+        assert env.repo.files[f"test_{env.name}.py"] == public_test_file(env.name, task.public)
+        edit = expert_calls(task, env.name, env.operands)[1]["arguments"]
+        fixed = renamed_operands(renamed_source(apply_op(task, task.oracle), task.func, env.name), env.operands)
+        assert source.count(edit["old_string"]) == 1
+        assert source.replace(edit["old_string"], edit["new_string"]) == fixed
+
+
+def test_p_rename_operands_zero_draws_the_tools_factory_exactly_as_before():
+    plain, zero = make_tools_env_factory(), make_tools_env_factory(p_rename_operands=0.0)
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for task in make_tasks("train"):
+        assert plain(task, a).name == (env := zero(task, b)).name and env.operands is None
+        assert env.repo.files == Repository.for_task(task, env.name).files
+    assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_a_coding_evaluation_has_the_authored_file_whatever_training_has():
+    from agentrl.core.config import load_section
+    from agentrl.env.coding.spec import CODING
+    cfg = load_section("rl", {"rl": {"p_rename_operands": 1.0}})
+    training, evaluation = CODING.make(cfg), CODING.make(cfg, evaluation=True)
+    gen = torch.Generator().manual_seed(0)
+    assert all(training(task, gen).operands for task in make_tasks("train"))
+    assert all(evaluation(task, gen).operands is None for task in make_tasks("all"))
+
+
+@pytest.mark.slow   # two sandboxed runs a task
+def test_a_renamed_file_computes_what_the_authored_one_does_and_the_expert_fixes_it():
+    """The renamed buggy file passes and fails exactly the hidden and public cases the authored one does, and the
+    expert's conversation on it (read, edit, test, answer) earns the reward, on every task of the catalogue."""
+    from agentrl.env.coding.grader import grade
+    factory, gen = make_tools_env_factory(p_rename_operands=1.0), torch.Generator().manual_seed(2)
+    for task in make_tasks("all"):
+        env = factory(task, gen)
+        cases = tuple(task.hidden) + tuple(task.public)
+        authored = Repository.for_task(task, env.name).files[env.source_file]
+        assert grade(env.repo.files[env.source_file], env.name, cases) == grade(authored, env.name, cases), task.name
+        play(env, expert_calls(task, env.name, env.operands))
+        assert env.reward == 1.0 and sum(env.info["failed"].values()) == 0, task.name
 
 
 # ---------------------------------------------------------------- the expert

@@ -28,9 +28,6 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, device, eval_batch, configs"),
     ({"configs": {"menu": {"hidden": 1_000_000}}}, r"lab.configs.menu.hidden: expected an integer in \[8, 4096\]"),
     ({"configs": {"menu": {"steps": 10**21}}}, r"lab.configs.menu.steps: expected an integer in \[1, 100000\]"),
-    ({"configs": {"tools": {"environment": "coding", "rl": {"p_rename_operands": 0.5}}}},
-     r"lab.configs.tools.rl.p_rename_operands: the gym's sources have operands to rename, the coding environment's "
-     r"files do not; allowed here: 0.0"),
     ({"configs": {"menu": {"rl": {"p_rename_operands": 1.5}}}}, r"lab.configs.menu.rl.p_rename_operands: expected"),
 ])
 def test_a_bad_lab_value_is_one_line_naming_it(values, message):
@@ -384,3 +381,7 @@ def test_a_labs_training_episodes_rename_operands_and_its_evaluations_never():
     assert all(evaluation(task, gen).operands is None for task in make_tasks("all"))
     plain = env_factory_for(lab_run("menu", {}))
     assert all(plain(task, gen).operands is None for task in make_tasks("train"))
+    tools = lab_run("tools", {"environment": "coding", "rl": {"p_rename_operands": 1.0}})
+    training, evaluation = env_factory_for(tools), env_factory_for(tools, evaluation=True)
+    assert all(training(task, gen).env.operands for task in make_tasks("train"))
+    assert all(evaluation(task, gen).env.operands is None for task in make_tasks("all"))

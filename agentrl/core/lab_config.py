@@ -66,9 +66,6 @@ class LabRun(Section):
 
     def check(self):
         rl_overrides(self.rl)
-        if self.rl.get("p_rename_operands", 0.0) and self.environment != "gym":
-            raise ConfigError(f"LabRun.rl.p_rename_operands: the gym's sources have operands to rename, the "
-                              f"{self.environment} environment's files do not; allowed here: 0.0")
         if self.demos_per_task == 0 and self.clone_steps > 0:
             raise ConfigError("LabRun.clone_steps: a cold start needs demonstrations (demos_per_task > 0); set "
                               "clone_steps: 0 for none")

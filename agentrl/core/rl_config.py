@@ -54,7 +54,8 @@ class RLConfig(Section):
     reward: str = knob("hidden", str, "hidden tests; 'public' is the reward-hacking control", choices=REWARDS)
     rename: bool = knob(True, bool, "randomize function names per episode")
     p_rename_operands: float = prob(0.0, "this share of training episodes shows the source's operands under filler "
-                                    "names drawn per episode (the gym; an evaluation always shows the authored source)")
+                                    "names drawn per episode (in the gym's read; in the coding environment's file); "
+                                    "an evaluation always shows the authored source")
     seed: int = _int(0, "run.seed (not an rl key)", **SEED)
     # research knobs (docs/research.md); at their defaults a run is bit-identical to plain GRPO above
     clip_eps_low: float | None = knob(None, float, "clip range below 1: ratio >= 1 - this (null: clip_eps)", **CLIP,

@@ -85,7 +85,7 @@ def tools_expert_demo(env, chat) -> Trajectory:
     from agentrl.env.coding.expert import expert_calls
     ids = chat.prompt(env)
     owner = [OWNER["prompt"]] * len(ids)
-    for action in expert_calls(env.task, env.name):
+    for action in expert_calls(env.task, env.name, env.operands):
         if env.done:
             break
         if "answer" in action:

@@ -54,7 +54,7 @@ class ChatToolsEnv:
 
     def __init__(self, env, clock: SandboxClock):
         self.env, self.clock = env, clock
-        self.task, self.name = env.task, env.name
+        self.task, self.name, self.operands = env.task, env.name, env.operands
 
     @property
     def done(self) -> bool:
@@ -82,6 +82,6 @@ class ChatToolsEnv:
         return obs
 
 
-def make_chat_tools_env_factory(max_turns: int, clock: SandboxClock):
-    factory = make_tools_env_factory(max_turns)
+def make_chat_tools_env_factory(max_turns: int, clock: SandboxClock, p_rename_operands: float = 0.0):
+    factory = make_tools_env_factory(max_turns, p_rename_operands=p_rename_operands)
     return lambda task, generator: ChatToolsEnv(factory(task, generator), clock)

@@ -16,7 +16,7 @@ from agentrl.env.coding.grader import grade
 from agentrl.env.coding.repository import Repository
 from agentrl.env.coding.sandbox.launch import Limits
 from agentrl.env.coding.schemas import REPO_ROOT, TOOL_SCHEMAS, check_call
-from agentrl.env.gym.environment import randomize_names
+from agentrl.env.gym.environment import draw_operands, randomize_names
 from agentrl.env.tasks import Task
 
 SYSTEM_PROMPT = (
@@ -53,6 +53,7 @@ class ToolsEnv:
     name: str
     max_turns: int = 6
     limits: Limits = field(default_factory=Limits)
+    operands: dict | None = None   # operands under filler names in the file (agentrl.env.gym.environment)
     repo: Repository = None
     done: bool = False
     reward: float = 0.0
@@ -62,7 +63,7 @@ class ToolsEnv:
     def __post_init__(self):
         if not (isinstance(self.max_turns, int) and self.max_turns >= 1):
             raise ValueError(f"max_turns: must be an integer >= 1, got {self.max_turns!r}")
-        self.repo = Repository.for_task(self.task, self.name)
+        self.repo = Repository.for_task(self.task, self.name, self.operands)
         self.info = new_info(self.task, self.name)
 
     @property
@@ -147,9 +148,13 @@ class ToolsEnv:
         return None
 
 
-def make_tools_env_factory(max_turns: int = 6, limits: Limits = Limits(), rename: bool = True):
-    """env_factory(task, generator) -> ToolsEnv with a freshly drawn function name (the gym's name pool)."""
+def make_tools_env_factory(max_turns: int = 6, limits: Limits = Limits(), rename: bool = True,
+                           p_rename_operands: float = 0.0):
+    """env_factory(task, generator) -> ToolsEnv with a freshly drawn function name (the gym's name pool); with
+    p_rename_operands > 0 that share of episodes has the source file's operands under filler names, drawn per
+    episode as the gym draws them (at 0 the generator is drawn from exactly as before)."""
     def factory(task: Task, generator: torch.Generator) -> ToolsEnv:
         name = randomize_names(generator) if rename else task.func
-        return ToolsEnv(task, name, max_turns=max_turns, limits=limits)
+        return ToolsEnv(task, name, max_turns=max_turns, limits=limits,
+                        operands=draw_operands(task, name, generator, p_rename_operands))
     return factory

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 
-from agentrl.env.coding.repository import REPO_ROOT, renamed_source
+from agentrl.env.coding.repository import REPO_ROOT, renamed_operands, renamed_source
 from agentrl.env.ops import apply_op
 from agentrl.env.tasks import Task
 
@@ -33,12 +33,12 @@ def fix_edit(buggy: str, fixed: str) -> tuple[str, str]:
             i1, j1 = i1 - 1, j1 - 1
 
 
-def expert_calls(task: Task, name: str) -> list[dict]:
-    """The expert's tool calls for a task under the episode's function name, then its answer as `{"answer": ...}`
-    (the turn without a tool call)."""
+def expert_calls(task: Task, name: str, operands: dict | None = None) -> list[dict]:
+    """The expert's tool calls for a task under the episode's function name (and its operands' filler names, where
+    the episode draws them), then its answer as `{"answer": ...}` (the turn without a tool call)."""
     file = f"{name}.py"
-    buggy = renamed_source(task.source, task.func, name)
-    fixed = renamed_source(apply_op(task, task.oracle), task.func, name)
+    buggy = renamed_operands(renamed_source(task.source, task.func, name), operands)
+    fixed = renamed_operands(renamed_source(apply_op(task, task.oracle), task.func, name), operands)
     old, new = fix_edit(buggy, fixed)
     path = f"{REPO_ROOT}/{file}"
     return [{"name": "Read", "arguments": {"file_path": path}},

@@ -1,5 +1,6 @@
 """An episode's repository: two in-memory files, `<fn>.py` (the task's buggy source under the episode's function
-name) and `test_<fn>.py` (the public tests as pytest functions). The hidden tests never enter it."""
+name, and where the episode draws them its operands' filler names) and `test_<fn>.py` (the public tests as pytest
+functions). The hidden tests never enter it."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,15 @@ from agentrl.env.tasks import Task
 def renamed_source(source: str, func: str, name: str) -> str:
     """The source with its function renamed (every whole-word use, so a recursive call follows)."""
     return re.sub(rf"\b{re.escape(func)}\b", name, source)
+
+
+def renamed_operands(source: str, operands: dict | None) -> str:
+    """The source with each operand (a parameter or local: agentrl.env.gym.environment.operand_names) under its
+    filler name, all in one pass. The catalogue's sources have no attributes, keyword arguments or strings, and
+    the tests call the function positionally, so the renamed source computes what the authored one does."""
+    if not operands:
+        return source
+    return re.sub(r"\b[A-Za-z_]\w*\b", lambda m: operands.get(m.group(0), m.group(0)), source)
 
 
 def _call_text(name: str, args) -> str:
@@ -36,8 +46,8 @@ class Repository:
     read: set = field(default_factory=set)       # files Read (or written) in this episode
 
     @classmethod
-    def for_task(cls, task: Task, name: str) -> Repository:
-        return cls({f"{name}.py": renamed_source(task.source, task.func, name),
+    def for_task(cls, task: Task, name: str, operands: dict | None = None) -> Repository:
+        return cls({f"{name}.py": renamed_operands(renamed_source(task.source, task.func, name), operands),
                     f"test_{name}.py": public_test_file(name, task.public)})
 
     @staticmethod

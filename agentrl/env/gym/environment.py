@@ -265,6 +265,15 @@ def filler_operands(task: Task, episode_name: str, generator: torch.Generator) -
     return {old: pool[i] for old, i in zip(names, picks)}
 
 
+def draw_operands(task: Task, episode_name: str, generator: torch.Generator, p_rename_operands: float) -> dict | None:
+    """With probability p_rename_operands, the episode's filler names for the task's operands; else None (at 0 the
+    generator is not drawn from)."""
+    if p_rename_operands > 0 and \
+            float(torch.rand((), generator=generator, device=generator.device)) < p_rename_operands:
+        return filler_operands(task, episode_name, generator)
+    return None
+
+
 def make_env_factory(max_turns: int = 6, reward: str = "hidden", rename: bool = True, p_rename_operands: float = 0.0):
     """env_factory(task, generator) -> CodeEnv with a freshly drawn name (or the task's own if rename=False); with
     p_rename_operands > 0 that share of episodes shows the source's operands under filler names, also drawn per
@@ -274,9 +283,6 @@ def make_env_factory(max_turns: int = 6, reward: str = "hidden", rename: bool = 
 
     def factory(task: Task, generator: torch.Generator) -> CodeEnv:
         name = randomize_names(generator) if rename else task.func
-        env = CodeEnv(task, name, max_turns=max_turns, reward_kind=reward)
-        if p_rename_operands > 0 and \
-                float(torch.rand((), generator=generator, device=generator.device)) < p_rename_operands:
-            env.operands = filler_operands(task, name, generator)
-        return env
+        return CodeEnv(task, name, max_turns=max_turns, reward_kind=reward,
+                       operands=draw_operands(task, name, generator, p_rename_operands))
     return factory
