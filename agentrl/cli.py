@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(--model: a Qwen3 or Llama directory, e.g. data/models/smollm2-135m-instruct)")
     b.add_argument("--rows", type=_rows_list, default=[16, 32, 64, 128], help="hf: rows decoded together, a list")
     b.add_argument("--dtype", type=_dtype_list, default=["fp32"], help="hf: fp32, bf16 or both, each in turn "
-                   "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16)")
+                   "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16, and under portable numerics)")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
     lc = add_lab_verbs(sub, _int_at_least)

@@ -48,11 +48,47 @@ def test_bf16_is_refused_on_a_cpu_without_bf16_products_naming_the_flags(flags, 
     from agentrl.labs.precision import check_dtype
     check_dtype("fp32", "cpu", "LabConfig.configs.x.dtype", flags=set())   # fp32 runs anywhere
     if ok:
-        check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=flags)
+        check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=flags, environ={})
     else:
         with pytest.raises(ConfigError, match=r"^LabConfig.configs.x.dtype: bf16 needs a CPU flag amx_bf16 or "
                                               r"avx512_bf16; this CPU \(.*\) has neither .* allowed here: fp32$"):
-            check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=flags)
+            check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=flags, environ={})
+
+
+@pytest.mark.parametrize("environ, refused", [
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2", "AGENTRL_NUMERICS": "portable"}, "portable numerics cap oneDNN at AVX2"),
+    ({"DNNL_MAX_CPU_ISA": "avx512_core", "AGENTRL_NUMERICS": "native"}, "the environment's .* caps oneDNN at "
+                                                                       "AVX512_CORE"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "the environment.s .* caps oneDNN at AVX512_CORE_VNNI"),
+    ({"ONEDNN_MAX_CPU_ISA": "ALL", "DNNL_MAX_CPU_ISA": "AVX2"}, None),   # oneDNN reads its own name first
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None), ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, None),
+    ({"ONEDNN_MAX_CPU_ISA": ""}, None), ({"AGENTRL_NUMERICS": "native"}, None)])
+def test_bf16_is_refused_where_onednn_is_capped_below_its_bf16_kernels(environ, refused):
+    """A CPU with bf16 products, but oneDNN capped below them (portable numerics set AVX2): torch's bf16 matmuls
+    would be emulated (2 GFLOP/s against fp32's 162 on the AMX Xeon, docs/performance.md), so bf16 is refused."""
+    from agentrl.labs.precision import check_dtype
+    amx = {"amx_tile", "amx_bf16", "avx512_bf16"}
+    check_dtype("fp32", "cpu", "LabConfig.configs.x.dtype", flags=amx, environ=environ)
+    if refused is None:
+        check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=amx, environ=environ)
+    else:
+        with pytest.raises(ConfigError, match=rf"^LabConfig.configs.x.dtype: bf16 needs native numerics with oneDNN "
+                                              rf"uncapped: {refused}, .*allowed here: fp32, or bf16 under numerics: "
+                                              r"native$"):
+            check_dtype("bf16", "cpu", "LabConfig.configs.x.dtype", flags=amx, environ=environ)
+
+
+def test_a_bf16_lab_that_sets_portable_numerics_is_refused_with_the_params():
+    from agentrl.core.config import load_section
+    from agentrl.core.knobs import ParamsError
+    from agentrl.core.lab_config import lab_run
+    assert lab_run("b", {"dtype": "bf16", "numerics": "native"}).dtype == "bf16"
+    assert lab_run("b", {"dtype": "fp32", "numerics": "portable"}).numerics == "portable"
+    with pytest.raises(ConfigError, match=r"^LabConfig.configs.b.dtype: bf16 needs numerics: native \(portable "
+                                          r"numerics cap oneDNN at AVX2, .*allowed with portable: fp32$"):
+        lab_run("b", {"dtype": "bf16", "numerics": "portable"})
+    with pytest.raises(ParamsError, match=r"^params.yaml: lab.configs.b.dtype: bf16 needs numerics: native"):
+        load_section("lab", {"lab": {"configs": {"b": {"dtype": "bf16", "numerics": "portable"}}}})
 
 
 def test_a_bf16_lab_on_a_cpu_without_it_is_refused_before_the_model_loads(tmp_path, monkeypatch):
@@ -64,6 +100,23 @@ def test_a_bf16_lab_on_a_cpu_without_it_is_refused_before_the_model_loads(tmp_pa
     params = {"lab": load_section("lab", {"lab": {"configs": {"b": {"dtype": "bf16"}}}}),
               "rl": load_section("rl", {"rl": {}}), "run": load_section("run", {"run": {}})}
     with pytest.raises(ConfigError, match=r"LabConfig.configs.b.dtype: bf16 needs .*a CPU without bf16"):
+        recipe.run_lab("b", params, tmp_path / "out", tmp_path / "model", log=lambda *_: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bf16_lab_under_portable_numerics_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """A lab that leaves numerics to run.numerics (portable): the AMX CPU has bf16 products, the pin capped oneDNN
+    at AVX2, and run_lab refuses before load_policy."""
+    from agentrl.core.config import load_section
+    from agentrl.labs import precision, recipe
+    monkeypatch.setattr(precision, "cpu_info", lambda: {"model": "an AMX CPU", "flags": {"amx_bf16", "amx_tile"}})
+    monkeypatch.setattr(recipe, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setenv("AGENTRL_NUMERICS", "portable")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    params = {"lab": load_section("lab", {"lab": {"configs": {"b": {"dtype": "bf16"}}}}),
+              "rl": load_section("rl", {"rl": {}}), "run": load_section("run", {"run": {}})}
+    with pytest.raises(ConfigError, match=r"LabConfig.configs.b.dtype: bf16 needs native numerics with oneDNN "
+                                          r"uncapped: portable numerics cap oneDNN at AVX2"):
         recipe.run_lab("b", params, tmp_path / "out", tmp_path / "model", log=lambda *_: None)
     assert not (tmp_path / "out").exists()
 

@@ -189,6 +189,18 @@ def test_a_labs_report_names_its_task_draw_and_renamed_operands_only_where_set(r
     assert text in md and md.count("filler names") == int("p_rename_operands" in changes)
 
 
+@pytest.mark.parametrize("cpu, text", [
+    ({"isa": "AVX2", "numerics": "native", "env": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}},
+     "bf16 flags: none, kernels AVX2 under native numerics (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2)), "),
+    ({"isa": "AVX512", "numerics": "native", "env": {}}, "bf16 flags: none, kernels AVX512 under native numerics), "),
+    ({}, "bf16 flags: none), ")])   # a record from before the kernels were kept reads as it did
+def test_a_labs_report_names_the_kernels_its_cpu_ran(repo_root, cpu, text):
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    _, md = lab_report({**record, "cpu": {"model": "a CPU", "bf16_flags": [], **cpu}, "history": []})
+    assert text in md and md.count("kernels") == (1 if cpu else 0)
+
+
 def test_a_lab_stopped_before_grpo_says_how_many_of_its_steps_ran(repo_root):
     from agentrl.labs.report import grpo_steps_text
     numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())

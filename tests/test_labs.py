@@ -219,6 +219,9 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     assert "n/a" not in md.split("## Preflight")[0] or not record["weights_changed"], md
     if not record["weights_changed"]:   # no step changed a weight: said in one line, and no after-GRPO column
         assert "**No GRPO step changed a weight**" in md and "| after GRPO |" not in md
+    import torch
+    assert numbers["cpu"]["isa"] == torch.backends.cpu.get_cpu_capability()   # the kernels it ran, named
+    assert f"kernels {numbers['cpu']['isa']} under {numbers['cpu']['numerics']} numerics" in md
     json.dumps(numbers)   # the report's numbers are JSON
 
 
@@ -239,6 +242,19 @@ def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
     assert s["backend_s_per_token"] > 0 and s["generate_s_per_token"] > 0 and s["new_tokens"] == 3
     assert mem["policy"]["policy_tokens"] == mem["full"]["policy_tokens"] > 0
     assert mem["full"]["peak_above_mib"] > 2 * mem["policy"]["peak_above_mib"]
+    assert result["cpu"]["onednn_cap"] == "AVX2"   # params.yaml's portable numerics, recorded beside the flags
+
+
+def test_the_hf_bench_refuses_bf16_under_portable_numerics_in_one_line_before_loading():
+    """Whatever the CPU: without bf16 flags the flags refuse it, with them portable's oneDNN cap at AVX2 does."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "hf", "--dtype", "bf16",
+                          "--numerics", "portable", "--rows", "2", "--threads", "1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1 and "error: --dtype: bf16 needs " in out.stderr
+    assert "allowed here: fp32" in out.stderr
 
 
 def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made(tmp_path):

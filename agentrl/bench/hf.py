@@ -306,7 +306,7 @@ def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
 
     from agentrl.core.config import ConfigError
     from agentrl.core.numerics import cpu_info
-    from agentrl.labs.precision import BF16_FLAGS, check_dtype
+    from agentrl.labs.precision import BF16_FLAGS, check_dtype, onednn_cap
     threads = max(args.threads)
     torch.set_num_threads(threads)
     cpu = cpu_info()
@@ -323,9 +323,11 @@ def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
     bandwidth = memory_bandwidth_gbs()
     print(f"bench hf: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
           f"{threads} thread(s), {cpu['vendor']} {cpu['model']}, bf16 flags: "
-          f"{', '.join(sorted(BF16_FLAGS & cpu['flags'])) or 'none'}; same-run read bandwidth {bandwidth:.1f} GB/s")
+          f"{', '.join(sorted(BF16_FLAGS & cpu['flags'])) or 'none'}, oneDNN capped at {onednn_cap() or 'nothing'}; "
+          f"same-run read bandwidth {bandwidth:.1f} GB/s")
     out = {"threads": threads, "bandwidth_gbs": bandwidth, "refused": refused,
-           "cpu": {"vendor": cpu["vendor"], "model": cpu["model"], "bf16_flags": sorted(BF16_FLAGS & cpu["flags"])}}
+           "cpu": {"vendor": cpu["vendor"], "model": cpu["model"], "bf16_flags": sorted(BF16_FLAGS & cpu["flags"]),
+                   "onednn_cap": onednn_cap()}}
     for dtype in args.dtype:
         if dtype in refused:
             print(f"  [{dtype}] refused: {refused[dtype]}")

@@ -49,7 +49,8 @@ class LabRun(Section):
     probe_group: int = _int(4, "episodes per group of the preflight's two groups (its float64 references hold "
                             "[policy tokens, vocabulary] log-softmaxes)", lo=2, hi=64)
     dtype: str = knob("fp32", str, "fp32, or bf16 mixed precision (fp32 master weights and Adam; sampler and trainer "
-                      "compute in bf16): a CPU needs amx_bf16 or avx512_bf16, else it is refused", choices=DTYPES)
+                      "compute in bf16): a CPU needs amx_bf16 or avx512_bf16 and numerics: native, else it is refused",
+                      choices=DTYPES)
     rl: dict = knob({}, dict, "overrides of the pipeline's rl: keys for this lab's GRPO (keep, temperature, "
                     "clip_eps_high, kl_coef, lr_warmup, ...), validated as rl: is; the lab's own fields set lr, "
                     "tasks_per_step, episodes_per_task, microbatches, new_tokens and max_turns")
@@ -66,6 +67,9 @@ class LabRun(Section):
 
     def check(self):
         rl_overrides(self.rl)
+        if self.dtype == "bf16" and self.numerics == "portable":
+            raise ConfigError("LabRun.dtype: bf16 needs numerics: native (portable numerics cap oneDNN at AVX2, "
+                              "where bf16 products are emulated, slower than fp32); allowed with portable: fp32")
         if self.demos_per_task == 0 and self.clone_steps > 0:
             raise ConfigError("LabRun.clone_steps: a cold start needs demonstrations (demos_per_task > 0); set "
                               "clone_steps: 0 for none")

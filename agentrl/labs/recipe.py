@@ -329,11 +329,13 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
         torch.set_default_device(previous_device)
     wall_s, cpu_s = progress.elapsed()
     from agentrl.backends.hf import honest_name
-    from agentrl.core.numerics import cpu_info
+    from agentrl.core.numerics import cpu_info, machine_class
+    kernels = machine_class()   # the ISA torch dispatched and the variables that capped or pinned the libraries
     return {"lab": name, "config": run.to_dict(), "model_dir": model_dir, "model": honest_name(model_dir),
             "backend": model.describe()["backend"], "architecture": model.model_type,
             "parameters": model.num_params(), "device": lab.device, "dtype": run.dtype,
-            "cpu": {"model": cpu_info()["model"], "bf16_flags": sorted(BF16_FLAGS & cpu_info()["flags"])},
+            "cpu": {"model": cpu_info()["model"], "bf16_flags": sorted(BF16_FLAGS & cpu_info()["flags"]),
+                    "isa": kernels["isa"], "numerics": kernels["mode"], "env": kernels["env"]},
             "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
             "cold_start": cold,
             "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,

@@ -21,6 +21,15 @@ PRETRAINED_LABEL = ("{model}: a pretrained instruct model ({parameters:,} parame
 EXPERTS = {"gym": "a scripted expert (read, edit with the keyword rule's op, test, submit)",
            "coding": "the generic-tools scripted expert (Read, Edit with whole lines, pytest, answer)"}
 DEVICE_NAMES = {"cpu": "CPU", "cuda": "a CUDA GPU"}
+
+
+def kernels_text(cpu: dict) -> str:
+    """', kernels AVX2 under native numerics (ONEDNN_MAX_CPU_ISA=AVX2, ...)': what the CPU's libraries ran; empty
+    for a record from before it was kept."""
+    if not cpu.get("isa"):
+        return ""
+    env = ", ".join(f"{k}={v}" for k, v in sorted(cpu.get("env", {}).items()))
+    return f", kernels {cpu['isa']} under {cpu.get('numerics', '?')} numerics" + (f" ({env})" if env else "")
 # the book's section 19.7 run on Qwen3-0.6B (menu lab), for the side-by-side table: reference figures, not targets
 BOOK_QWEN3_06B = {"before": "0.20 [0.06, 0.39]", "after": "0.80 [0.50, 1.00]", "gain": "+0.60 [+0.33, +0.88]",
                   "malformed": "1.69 per episode -> 0 by step 10", "entropy": "0.55 -> 0.000 by step 15"}
@@ -327,7 +336,8 @@ def lab_report(record: dict) -> tuple[dict, str]:
           f"**{label}**", "",
           f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
           f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}; "
-          f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}), seed {seed}. "
+          f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}"
+          f"{kernels_text(cpu)}), seed {seed}. "
           f"Cold start: {cold['demos']} {kind} (demonstration pass {cold['demo_pass']:.2f}), {cold['steps']} "
           f"steps, cross-entropy {fmt(cold['loss_first'], 2)} -> {fmt(cold['loss_last'], 2)}. GRPO: "
           f"{grpo_steps_text(record, training['steps'])} of {rl.get('tasks_per_step', '?')} tasks x "
