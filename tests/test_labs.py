@@ -245,6 +245,27 @@ def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
     assert result["cpu"]["onednn_cap"] == "AVX2"   # params.yaml's portable numerics, recorded beside the flags
 
 
+@pytest.mark.slow
+def test_the_isa_caps_bench_runs_each_cap_in_its_own_process_with_its_kernels():
+    """Each cap's child dispatched what its variables asked (torch's ISA at AVX2 under the AVX2 and portable caps)
+    and measured both dtypes; the caps come from the bench's table, not from this process's pin."""
+    import json
+    import subprocess
+    import sys
+
+    from agentrl.bench.caps import CAPS, child_env
+    from agentrl.core.numerics import cpu_info
+    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "hf", "--isa-caps", "--threads", "1",
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(result["caps"]) == list(CAPS) and result["shape"] == [2048, 64, 192]
+    assert result["caps"]["avx2"]["isa"] == result["caps"]["portable"]["isa"] == "AVX2"
+    assert result["caps"]["uncapped"]["isa"] == ("AVX512" if cpu_info()["avx512"] else "AVX2")
+    assert all(r["fp32"] > 0 and r["bf16"] > 0 for r in result["caps"].values())
+    assert "ONEDNN_MAX_CPU_ISA" not in child_env({}) and child_env({"X_CAP": "1"})["X_CAP"] == "1"
+
+
 def test_the_hf_bench_refuses_bf16_under_portable_numerics_in_one_line_before_loading():
     """Whatever the CPU: without bf16 flags the flags refuse it, with them portable's oneDNN cap at AVX2 does."""
     import subprocess

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from agentrl.bench import BENCHES
+from agentrl.bench.caps import gemm_gflops, run_caps_bench
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
@@ -173,19 +174,6 @@ def update_flops(config, rows: int, width: int, policy_tokens: int) -> float:
     return 3.0 * forward
 
 
-def gemm_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=None) -> float:
-    """A matrix product of the model's shapes ([m, k] @ [k, n]) in `dtype` (float32 by default), median GFLOP/s."""
-    import torch
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * m * k * n / statistics.median(times) / 1e9
-
-
 def update_throughput(model, chat, rows: int, repeats: int = 3) -> dict:
     """One update's forward and backward (LM head on policy positions) on `rows` expert demonstrations, median
     seconds, its achieved GFLOP/s, and a same-run GEMM of the model's shapes (tokens x hidden @ hidden x
@@ -302,6 +290,8 @@ def bench_dtype(args, model, chat, dtype: str, bandwidth: float, threads: int, h
 
 
 def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
+    if args.isa_caps:
+        return run_caps_bench(args)
     import torch
 
     from agentrl.core.config import ConfigError
