@@ -112,8 +112,8 @@ def numerics_mode(args) -> str:
     try:
         params = read_params_file("params.yaml") if Path("params.yaml").exists() else {}
         if args.cmd in ("labcells", "opprobe"):   # the lab's own numerics, as its stage runs it
-            from agentrl.core.numerics import stage_mode
-            return check_mode(stage_mode(params, "lab", args.lab))
+            from agentrl.core.lab_config import stage_mode
+            return check_mode(stage_mode(params, "lab", args.lab or (args.config and f"file:{args.config}")))
         run = params.get("run") or {}
     except ParamsError as exc:
         raise ParamsError(f"{exc} (the params file decides this verb's numerics; or pass --numerics)") from None

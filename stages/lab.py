@@ -1,59 +1,66 @@
-"""Stage lab@<name>: a real-model lab (docs/labs.md) on the Hugging Face backend. Outside the default pipeline
-(lab.runs is empty by default): `dvc exp run -S 'lab.runs=[menu]'`, or `python -m stages.lab --lab menu` directly.
-Writes reports/labs/<name>.{json,md}; the model and checkpoints stay under data/labs/<name>/ (not committed), and a
-lab killed part-way goes on from its last finished phase or GRPO step when run again (agentrl.labs.progress); one its
-gates stop keeps its report and provenance record, then exits with one line naming the failed checks. A lab
-whose entry sets `numerics` runs under it (agentrl.core.numerics.stage_mode), the rest under run.numerics."""
+"""Stage lab@<lab>-<seed>: a real-model lab (docs/labs.md) on the Hugging Face backend: a recipe at a seed
+(agentrl.labs.instance). Outside the default pipeline (lab.runs is empty by default): `python -m stages.lab --lab
+smollm2 --seed 3`, an explored recipe with `--config reports/labs/explored/<recipe>/config.yaml`, or under DVC
+`dvc exp run -S 'lab.runs=[smollm2]' -S 'lab.seeds=[0,1,2]'`.
+
+Writes reports/labs/<lab>/seed<N>.{json,md} (an explored recipe's beside its config); the model and checkpoints stay
+under data/labs/ (not committed), and a lab killed part-way goes on from its last finished phase or GRPO step when
+run again (agentrl.labs.progress); one its gates stop keeps its report and provenance record, then exits with one line
+naming the failed checks. A lab whose config sets `numerics` runs under it (agentrl.core.lab_config.stage_mode), the
+rest under run.numerics."""
 
 from agentrl.backends.hf import ENTRY as HF
-from agentrl.core.artifacts import DATA, REPORTS, StageError, write_json, write_text
-from agentrl.core.config import LAB_CONFIGS, UserError, read_params_file
+from agentrl.core.artifacts import StageError, write_json, write_text
+from agentrl.core.config import load_params
 from agentrl.env.coding.spec import CODING
 from agentrl.env.gym.spec import GYM
-from agentrl.pipeline.instances import StageArguments, matrix_instance
+from agentrl.labs.instance import named
+from agentrl.pipeline.instances import StageArguments, matrix_instance, seed_arg
 from agentrl.pipeline.stage import entry, run_stage
 from agentrl.rl import variants
 
 SECTIONS = ["rl", "lab"]
-READS = {"lab": ["device", "eval_batch", "configs"]}   # an instance reads its own entry of lab.configs
+# an instance reads the settings every lab shares and its own config; lab.configs is declared whole in dvc.yaml, as an
+# entry's `base` reads another entry; runs and seeds only name the instances
+READS = {"lab": ["device", "eval_batch", "configs"]}
 USES = (HF, GYM, CODING, variants)   # the registered entries it uses (imported: its code deps hold their modules)
 # (variants: the rl section and each lab's rl overrides name registered variants, checked before the lab runs)
 
 
-def lab_instance(name: str | None, params_path: str = "params.yaml") -> str:
-    lab = read_params_file(params_path).get("lab") or {}
-    runs, configs = lab.get("runs"), lab.get("configs", LAB_CONFIGS)
-    if not isinstance(runs, list) or not isinstance(configs, dict):
-        raise UserError(f"{params_path}: lab.runs must be a list and lab.configs a mapping")
-    if name is not None and name not in configs:
-        raise UserError(f"--lab: unknown value {name[:80]!r}; allowed: {', '.join(map(str, configs))}")
-    return matrix_instance("lab", {"lab": runs}, {"lab": name}, params_path)["lab"]
+def lab_instance(name: str | None, seed: int | None, config: str | None, params_path: str = "params.yaml"):
+    """The recipe and seed this process runs: its flags, or under DVC the lab.runs x lab.seeds item $DVC_STAGE
+    names."""
+    lab = load_params(["lab"], params_path)["lab"]
+    if name is None and config is None and seed is None:
+        item = matrix_instance("lab", {"lab": lab.runs, "seed": lab.seeds}, {"lab": None, "seed": None}, params_path)
+        name, seed = item["lab"], item["seed"]
+    return named(lab, name, config, seed)
 
 
-def main(name: str | None = None, past_gates: bool = False):
-    name = lab_instance(name)
+def main(name: str | None = None, seed: int | None = None, config: str | None = None, past_gates: bool = False):
+    inst = lab_instance(name, seed, config)
     stopped = []   # why the gates stopped the lab: the stage exits with it once its report and provenance are kept
 
     def body(ctx):
+        from agentrl.core.config import lab_run
         from agentrl.labs.allocator import keep_freed_memory
         from agentrl.labs.progress import clear_progress
         from agentrl.labs.recipe import run_lab
         keep_freed_memory()
         from agentrl.labs.report import lab_report
         from agentrl.labs.timing import SandboxShare
-        out = DATA / "labs" / name
         share = SandboxShare()
-        record = run_lab(name, ctx.params, out, DATA / "models" / f"lab-{name}", hooks=[share], clock=share.clock,
-                         past_gates=past_gates, resume_key=ctx.run.fingerprint)
+        record = run_lab(inst.name, lab_run(inst.name, inst.spec), inst.seed, ctx.params, inst.work_dir,
+                         inst.model_dir, hooks=[share], clock=share.clock, past_gates=past_gates,
+                         resume_key=ctx.run.fingerprint)
         record["threads"] = ctx.threads
         if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
-            write_json(DATA / "models" / f"lab-{name}" / "model.json",
-                       {"model_dir": record["model_dir"], "model": record["model"]})
+            write_json(inst.model_dir / "model.json", {"model_dir": record["model_dir"], "model": record["model"]})
         if record["config"]["environment"] == "coding":
             record["sandbox"] = share.summary()
         numbers, markdown = lab_report(record)
-        write_json(REPORTS / "labs" / f"{name}.json", numbers)
-        write_text(REPORTS / "labs" / f"{name}.md", markdown)
+        write_json(inst.report.with_suffix(".json"), numbers)
+        write_text(inst.report.with_suffix(".md"), markdown)
         for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
             ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         held = numbers["held_out"]
@@ -65,23 +72,24 @@ def main(name: str | None = None, past_gates: bool = False):
             stopped.extend(record["stopped"]["reasons"])
             ctx.run.set_tags({"stopped_before_grpo": "; ".join(stopped)[:1000]})
             return
-        clear_progress(out)   # the report is written: nothing left to resume
-        print(f"lab {name}: held-out pass {held['before']['mean']:.3f} -> {held['after']['mean']:.3f} "
-              f"(gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, {held['gain']['hi']:+.3f}]) "
-              f"in {record['wall_s']:.0f} s")
+        clear_progress(inst.work_dir)   # the report is written: nothing left to resume
+        print(f"lab {inst.name} seed {inst.seed}: held-out pass {held['before']['mean']:.3f} -> "
+              f"{held['after']['mean']:.3f} (gain {held['gain']['mean']:+.3f} [{held['gain']['lo']:+.3f}, "
+              f"{held['gain']['hi']:+.3f}]) in {record['wall_s']:.0f} s; {inst.report}.md")
 
-    spec = (read_params_file("params.yaml").get("lab") or {}).get("configs", LAB_CONFIGS).get(name, {})
-    run_stage(f"lab@{name}", SECTIONS, [], body, only={"lab": ["device", "eval_batch", f"configs.{name}"]},
-              numerics=spec.get("numerics") if isinstance(spec, dict) else None)
+    run_stage(inst.stage, SECTIONS, [], body, only={"run": ["threads", "numerics"], "lab": []},
+              extra={"lab": inst.logged(load_params(["lab"])["lab"])}, numerics=inst.spec.get("numerics"))
     if stopped:   # after the stage run closed: the report of a stopped lab is audited like any other
-        raise StageError(f"lab {name}: stopped before GRPO: {'; '.join(stopped)} (the report reports/labs/{name}.md "
-                         "says so; --past-gates goes on)")
+        raise StageError(f"lab {inst.name} seed {inst.seed}: stopped before GRPO: {'; '.join(stopped)} (the report "
+                         f"{inst.report}.md says so; --past-gates goes on)")
 
 
 if __name__ == "__main__":
     p = StageArguments(prog="lab")
-    p.add_argument("--lab")
+    p.add_argument("--lab", help="an entry of lab.configs (params.yaml)")
+    p.add_argument("--config", help="an explored recipe: reports/labs/explored/<recipe>/config.yaml")
+    p.add_argument("--seed", type=seed_arg, help="the lab's seed: every random stream derives from it (default 0)")
     p.add_argument("--past-gates", action="store_true", help="go on to GRPO when the preflight or the signal check "
                    "fails (the report says so in its first lines)")
     args = p.parse_args()
-    entry("lab", main, args.lab, args.past_gates)
+    entry("lab", main, args.lab, args.seed, args.config, args.past_gates)

@@ -1,6 +1,7 @@
 """The architecture the code should show: one concept per module (none over 450 lines), imports that only point
 down the layers -- by an import statement or by name (`importlib.import_module`, `__import__`, a dotted module name
-in a string, such as a registry's declared module) --, no import cycles, and every module importable on its own."""
+in a string, such as a registry's declared module) --, no import cycles, and every module importable on its own.
+The stage scripts (stages/) are the top layer: nothing in agentrl/ imports one."""
 import ast
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "agentrl"
+PACKAGES = ("agentrl", "stages")   # the code the layers order (stages/ on top)
 MAX_LINES = 450
 # bottom to top; a module may import its own layer and the layers below it, never above
 LAYERS = [
@@ -25,14 +27,16 @@ LAYERS = [
     ["agentrl.report"],
     ["agentrl.studies", "agentrl.bench", "agentrl.pipeline"],
     ["agentrl.cli", "agentrl.__main__"],
+    ["stages"],
 ]
 
 def modules() -> dict[str, Path]:
     out = {}
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(REPO).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        out[name] = path
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            rel = path.relative_to(REPO).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            out[name] = path
     return out
 
 
@@ -47,15 +51,15 @@ def layer(module: str) -> int:
 
 
 def imports(path: Path) -> set[str]:
-    """agentrl modules a file imports anywhere (module level or inside functions)."""
+    """agentrl and stages modules a file imports anywhere (module level or inside functions)."""
     mods = modules()
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "agentrl":
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods}
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == "agentrl"}
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
     return {m for m in found if m in mods}
 
 
@@ -73,7 +77,8 @@ def named_imports(path: Path) -> tuple[set[str], list[str]]:
     mods = modules()
     named, unnamed = set(), []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in mods:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in mods \
+                and node.value not in PACKAGES:   # a bare "stages" is a directory's name, not an import
             named.add(node.value)
         elif isinstance(node, ast.Call):
             fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
@@ -87,10 +92,20 @@ def test_no_module_over_the_size_limit():
     assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
 
 
+def upward_imports(mods: dict[str, Path]) -> list[tuple[str, str]]:
+    return [(m, t) for m, p in mods.items() for t in imports(p)
+            if layer(t) > layer(m) and not (m == "agentrl" or t == "agentrl")]
+
+
 def test_imports_only_point_down():
-    upward = [(m, t) for m, p in modules().items() for t in imports(p)
-              if layer(t) > layer(m) and not (m == "agentrl" or t == "agentrl")]
-    assert upward == []
+    assert upward_imports(modules()) == []
+
+
+def test_an_import_of_a_stage_from_the_library_is_caught(tmp_path):
+    """The check has teeth across the two trees: a lab module importing a stage script (labs sit below stages)."""
+    planted = tmp_path / "direct.py"
+    planted.write_text((PKG / "labs" / "direct.py").read_text() + "\nfrom stages.lab import SECTIONS\n")
+    assert upward_imports({"agentrl.labs.direct": planted}) == [("agentrl.labs.direct", "stages.lab")]
 
 
 def test_modules_named_by_string_only_point_down():

@@ -43,7 +43,7 @@ def lab_project(tmp_path, monkeypatch, store_template):
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"lab": graph["stages"]["lab"]}}))
     (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["lab"]["configs"] = {"x": {"steps": 2}}
+    params["lab"]["configs"] = {"b": {"steps": 2}, "x": {"base": "b", "lr": 1.0e-5}}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     shutil.copy(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -60,8 +60,9 @@ def _stopped_lab(went_on: bool):
               "peak_memory_mib": 100.0,
               "stopped": {"reasons": ["preflight check 8 (update_direction) failed: -0.206"], "went_on": went_on}}
 
-    def run_lab(name, params, out, model_dir, **kwargs):
-        assert kwargs["past_gates"] is went_on
+    def run_lab(name, run, seed, params, out, model_dir, **kwargs):
+        assert kwargs["past_gates"] is went_on and (name, run.steps, run.lr, seed) == ("x", 2, 1.0e-5, 3)
+        assert (out.as_posix(), model_dir.as_posix()) == ("data/labs/x/seed3", "data/models/lab-x-3")
         return record
 
     def lab_report(rec):
@@ -81,20 +82,27 @@ def test_a_lab_the_gate_stops_exits_in_one_line_and_keeps_its_report_and_provena
     run_lab, lab_report = _stopped_lab(went_on=False)
     monkeypatch.setattr("agentrl.labs.recipe.run_lab", run_lab)
     monkeypatch.setattr("agentrl.labs.report.lab_report", lab_report)
-    code = guard("lab", lab.main, "x", False)
+    code = guard("lab", lab.main, "x", 3, None, False)
     err = capsys.readouterr().err
     assert code != 0
-    assert err.strip().splitlines() == ["error: lab x: stopped before GRPO: preflight check 8 (update_direction) "
-                                        "failed: -0.206 (the report reports/labs/x.md says so; --past-gates goes on)"]
-    assert json.loads((lab_project / "reports/labs/x.json").read_text()) == {"held_out": {"before": {"mean": 0.5}}}
-    record = json.loads((lab_project / "reports/provenance/lab@x.json").read_text())
-    assert record["stage"] == "lab@x" and record["params"]["lab.configs.x.steps"] == 2
+    assert err.strip().splitlines() == ["error: lab x seed 3: stopped before GRPO: preflight check 8 "
+                                        "(update_direction) failed: -0.206 (the report reports/labs/x/seed3.md says "
+                                        "so; --past-gates goes on)"]
+    assert json.loads((lab_project / "reports/labs/x/seed3.json").read_text()) == \
+        {"held_out": {"before": {"mean": 0.5}}}
+    record = json.loads((lab_project / "reports/provenance/lab@x-3.json").read_text())
+    assert record["stage"] == "lab@x-3" and record["params"]["lab.seed"] == 3
+    assert record["params"]["lab.configs.x.steps"] == 2 and record["params"]["lab.configs.x.lr"] == 1.0e-5
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("agentrl").experiment_id])
     assert [r.data.tags.get("stopped_before_grpo") for r in runs] == [
         "preflight check 8 (update_direction) failed: -0.206"]
-    traced = audit.audit("reports/labs/x.json:held_out.before.mean", lab_project)
+    traced = audit.audit("reports/labs/x/seed3.json:held_out.before.mean", lab_project)
     assert traced["outside"] and traced["value"] == 0.5 and traced["status"] == "current", traced
+    (lab_project / "params.yaml").write_text((lab_project / "params.yaml").read_text().replace("steps: 2",
+                                                                                               "steps: 4"))
+    traced = audit.audit("reports/labs/x/seed3.json:held_out.before.mean", lab_project)   # the base's edit counts
+    assert traced["status"] == "stale" and traced["reasons"] == ["param lab.configs.x.steps: 2 in the record, 4 now"]
 
 
 def test_a_lab_told_to_go_past_its_gates_finishes_without_the_stop(lab_project, monkeypatch, capsys):
@@ -105,5 +113,5 @@ def test_a_lab_told_to_go_past_its_gates_finishes_without_the_stop(lab_project, 
     monkeypatch.setattr("agentrl.labs.report.lab_report", lambda rec: (
         {"held_out": {"before": {"mean": 0.5}, "after": {"mean": 0.5},
                       "gain": {"mean": 0.0, "lo": -0.1, "hi": 0.1}}}, "# Lab `x`\n"))
-    assert guard("lab", lab.main, "x", True) == 0, capsys.readouterr().err
-    assert (lab_project / "reports/provenance/lab@x.json").is_file()
+    assert guard("lab", lab.main, "x", 3, None, True) == 0, capsys.readouterr().err
+    assert (lab_project / "reports/provenance/lab@x-3.json").is_file()

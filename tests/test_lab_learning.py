@@ -38,7 +38,7 @@ def test_lab_rl_overrides_reach_the_grpo_config_and_the_labs_own_fields_win():
     from agentrl.labs.recipe import rl_config
     run = lab_run("x", {"lr": 2e-6, "episodes_per_task": 8, "rl": {"keep": "informative", "lr_warmup": 3,
                                                                     "temperature": 0.9}})
-    cfg = rl_config(RLConfig(), run)
+    cfg = rl_config(RLConfig(), run, 0)
     assert (cfg.keep, cfg.lr_warmup, cfg.temperature, cfg.lr, cfg.group_size) == ("informative", 3, 0.9, 2e-6, 8)
 
 
@@ -93,21 +93,22 @@ def test_a_bf16_lab_that_sets_portable_numerics_is_refused_with_the_params():
 
 def test_a_bf16_lab_on_a_cpu_without_it_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     """run_lab checks the dtype before load_policy is ever called."""
-    from agentrl.core.config import load_section
+    from agentrl.core.config import lab_run, load_section
     from agentrl.labs import precision, recipe
     monkeypatch.setattr(precision, "cpu_info", lambda: {"model": "a CPU without bf16", "flags": {"avx2"}})
     monkeypatch.setattr(recipe, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     params = {"lab": load_section("lab", {"lab": {"configs": {"b": {"dtype": "bf16"}}}}),
               "rl": load_section("rl", {"rl": {}}), "run": load_section("run", {"run": {}})}
     with pytest.raises(ConfigError, match=r"LabConfig.configs.b.dtype: bf16 needs .*a CPU without bf16"):
-        recipe.run_lab("b", params, tmp_path / "out", tmp_path / "model", log=lambda *_: None)
+        recipe.run_lab("b", lab_run("b", {"dtype": "bf16"}), 0, params, tmp_path / "out", tmp_path / "model",
+                       log=lambda *_: None)
     assert not (tmp_path / "out").exists()
 
 
 def test_a_bf16_lab_under_portable_numerics_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     """A lab that leaves numerics to run.numerics (portable): the AMX CPU has bf16 products, the pin capped oneDNN
     at AVX2, and run_lab refuses before load_policy."""
-    from agentrl.core.config import load_section
+    from agentrl.core.config import lab_run, load_section
     from agentrl.labs import precision, recipe
     monkeypatch.setattr(precision, "cpu_info", lambda: {"model": "an AMX CPU", "flags": {"amx_bf16", "amx_tile"}})
     monkeypatch.setattr(recipe, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
@@ -117,7 +118,8 @@ def test_a_bf16_lab_under_portable_numerics_is_refused_before_the_model_loads(tm
               "rl": load_section("rl", {"rl": {}}), "run": load_section("run", {"run": {}})}
     with pytest.raises(ConfigError, match=r"LabConfig.configs.b.dtype: bf16 needs native numerics with oneDNN "
                                           r"uncapped: portable numerics cap oneDNN at AVX2"):
-        recipe.run_lab("b", params, tmp_path / "out", tmp_path / "model", log=lambda *_: None)
+        recipe.run_lab("b", lab_run("b", {"dtype": "bf16"}), 0, params, tmp_path / "out", tmp_path / "model",
+                       log=lambda *_: None)
     assert not (tmp_path / "out").exists()
 
 

@@ -41,9 +41,10 @@ def _params():
 
 
 def _run(out, hooks=(), key="fingerprint"):
+    from agentrl.core.config import lab_run
     from agentrl.labs.recipe import run_lab
-    return run_lab("menu", _params(), out, out.parent / f"{out.name}-model", log=lambda *_: None, hooks=hooks,
-                   resume_key=key)
+    return run_lab("menu", lab_run("menu", CONFIG), 0, _params(), out, out.parent / f"{out.name}-model",
+                   log=lambda *_: None, hooks=hooks, resume_key=key)
 
 
 def _same(a: dict, b: dict):

@@ -1,14 +1,14 @@
-"""One lab config at several seeds: a lab's own `seed` drives its streams, the seeds' configs are the base config's,
-and study labs pools them (each task's rate averaged over the seeds, then the task bootstrap), on hand-computed
-vectors."""
+"""One recipe at several seeds: the seed is the instance's (--seed, lab.seeds), never a config key; the instance names
+its stage and its report (reports/labs/<lab>/seed<N>); an explored recipe runs from its config file beside its
+reports; and study labs pools a recipe's seeds by name and seed (each task's rate averaged over the seeds, then the
+task bootstrap), on hand-computed vectors."""
 import json
-from dataclasses import replace
 
 import pytest
 
-from agentrl.core.config import ParamsError, lab_run, load_params, load_section
+from agentrl.core.config import UserError, lab_run, load_section
 from agentrl.labs.report import lab_report
-from agentrl.labs.seeds import pooled, seed_groups
+from agentrl.labs.seeds import pooled
 
 
 def _counts(*passes: int, n: int = 4) -> dict:
@@ -27,49 +27,63 @@ def _lab(seed: int, before: dict, after: dict, **config) -> dict:
     return numbers
 
 
-def test_a_labs_own_seed_beats_run_seed_and_null_falls_back_to_it():
+def test_a_labs_seed_drives_its_streams_and_its_rl_config():
     import agentrl.rl.variants  # noqa: F401  (the rl section names registered variants)
-    from agentrl.labs.recipe import lab_seed, rl_config
-    params = {"run": load_section("run", {"run": {"seed": 7}}), "rl": load_section("rl", {"rl": {}}, seed=7)}
-    own, inherited = lab_run("a", {"seed": 3}), lab_run("b", {})
-    assert lab_seed(own, params) == 3 and lab_seed(inherited, params) == 7
-    assert rl_config(params["rl"], own).seed == 3 and rl_config(params["rl"], inherited).seed == 7
+    from agentrl.labs.recipe import rl_config
+    rl = load_section("rl", {"rl": {}}, seed=7)
+    run = lab_run("a", {})
+    assert rl_config(rl, run, 3).seed == 3 and rl_config(rl, run, 0).seed == 0
 
 
-def test_a_bad_lab_seed_is_one_line_naming_it():
-    with pytest.raises(ParamsError, match=r"lab.configs.x.seed: expected an integer in \[0, 18446744073709551615\] "
-                                          r"or null, got -1") as err:
-        load_section("lab", {"lab": {"configs": {"x": {"seed": -1}}}})
-    assert "\n" not in str(err.value)
+def test_a_seed_is_an_instance_not_a_config(tmp_path):
+    """--lab NAME --seed N names the recipe's instance, its stage and its report; a bad seed is one line."""
+    from agentrl.labs.instance import named
+    lab = load_section("lab", {"lab": {"configs": {"smol": {"steps": 3}, "other": {"base": "smol", "lr": 1.0e-5}}}})
+    inst = named(lab, "other", None, 3)
+    assert (inst.stage, inst.report.as_posix(), inst.spec) == \
+        ("lab@other-3", "reports/labs/other/seed3", {"steps": 3, "lr": 1.0e-5})
+    assert inst.work_dir.as_posix() == "data/labs/other/seed3" and named(lab, "smol", None, None).seed == 0
+    assert inst.logged(lab) == {"device": "cpu", "eval_batch": 40, "seed": 3, "configs": {"other": inst.spec}}
+    for args, message in ((("nope", None, 1), "--lab: unknown value 'nope'; allowed: smol, other"),
+                          (("smol", None, -1), "--seed: expected an integer in"),
+                          ((None, None, 1), "lab: name the recipe with --lab NAME"),
+                          (("smol", "x/config.yaml", 1), "lab: name the recipe with --lab NAME")):
+        with pytest.raises(UserError, match=message) as err:
+            named(lab, *args)
+        assert "\n" not in str(err.value)
 
 
-def test_the_committed_seed_labs_are_smollm2_at_another_seed(repo_root):
-    import agentrl.rl.variants  # noqa: F401
-    configs = load_params(["run", "rl", "lab"], repo_root / "params.yaml")["lab"].configs
-    base = lab_run("smollm2", configs["smollm2"])
-    assert base.seed is None
-    for name, seed in (("smollm2_seed1", 1), ("smollm2_seed2", 2)):
-        run = lab_run(name, configs[name])
-        assert run.seed == seed and replace(run, seed=None) == base
+def test_an_explored_recipe_runs_from_its_config_file_beside_its_reports(tmp_path, monkeypatch):
+    from agentrl.labs.instance import named
+    monkeypatch.chdir(tmp_path)
+    lab = load_section("lab", {"lab": {"configs": {"smol": {"steps": 3, "rl": {"kl_coef": 0.1}}}}})
+    home = tmp_path / "reports" / "labs" / "explored" / "idea"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("# my idea\nbase: smol\nlr: 3.0e-5\nrl: {keep: informative}\n")
+    inst = named(lab, None, "reports/labs/explored/idea/config.yaml", 2)
+    assert inst.spec == {"steps": 3, "lr": 3.0e-5, "rl": {"kl_coef": 0.1, "keep": "informative"}}
+    assert (inst.stage, inst.report.as_posix()) == ("lab@explored.idea-2", "reports/labs/explored/idea/seed2")
+    assert inst.logged(lab)["config_file"] == "reports/labs/explored/idea/config.yaml"
+    assert named(lab, None, str(home / "config.yaml"), 0).name == "idea"   # an absolute path inside the tree
+    (home / "config.yaml").write_text("base: smol\nsteps: 0\n")
+    with pytest.raises(UserError, match=r"reports/labs/explored/idea/config.yaml.steps: expected an integer"):
+        named(lab, None, "reports/labs/explored/idea/config.yaml", 0)
+    (home / "config.yaml").write_text("base: smol\nseed: 1\n")
+    with pytest.raises(UserError, match=r"config.yaml.seed: a seed is not part of a lab's config"):
+        named(lab, None, "reports/labs/explored/idea/config.yaml", 0)
+    (tmp_path / "elsewhere.yaml").write_text("steps: 3\n")
+    with pytest.raises(UserError, match=r"--config: elsewhere.yaml: a recipe's config is "
+                                        r"reports/labs/explored/<recipe>/config.yaml"):
+        named(lab, None, "elsewhere.yaml", 0)
+    with pytest.raises(UserError, match=r"--config: reports/labs/explored/none/config.yaml: file not found"):
+        named(lab, None, "reports/labs/explored/none/config.yaml", 0)
 
 
-def test_labs_group_by_config_without_seed_and_order_by_seed():
-    before, after = _counts(0, 2), _counts(2, 2)
-    labs = {"b": _lab(2, before, after), "a": _lab(0, before, after), "c": _lab(1, before, after),
-            "other": _lab(0, before, after, lr=1e-6), "other_again": _lab(0, before, after, lr=1e-6),
-            "old": {"model": "M"}}   # one config at one seed twice is not a seed group; an old report has no config
-    assert seed_groups(labs) == [["a", "c", "b"]]
-    gpu = {**_lab(0, before, after), "device": "cuda"}   # the same config on another device is not another seed
-    assert seed_groups({**labs, "a_again": _lab(0, before, after), "gpu": gpu}) == [["a", "c", "b"]]
-
-
-def test_a_seed_run_under_two_names_keeps_the_name_of_the_groups_first_lab():
-    before, after = _counts(0, 2), _counts(2, 2)
-    labs = {"lab": _lab(0, before, after), "lab_old": _lab(0, before, after), "lab_old_seed1": _lab(1, before, after),
-            "lab_seed1": _lab(1, before, after), "lab_seed2": _lab(2, before, after)}
-    assert seed_groups(labs) == [["lab", "lab_seed1", "lab_seed2"]]
-    del labs["lab_seed1"]   # where the first lab's seed-1 name did not run, the first name in order stands for it
-    assert seed_groups(labs) == [["lab", "lab_old_seed1", "lab_seed2"]]
+def test_the_committed_seeds_are_one_recipe_by_name(repo_root):
+    """The committed menu recipe's seeds are files of one directory, each run from the same config at its seed."""
+    for seed in (0, 1, 2):
+        numbers = json.loads((repo_root / f"reports/labs/smollm2/seed{seed}.json").read_text())
+        assert numbers["seed"] == seed and numbers["config"]["clone_steps"] == 192
 
 
 def test_pooled_averages_each_task_over_the_seeds_then_bootstraps_tasks():
@@ -97,21 +111,19 @@ def test_seeds_on_different_task_sets_are_not_pooled():
 def test_the_labs_study_shows_each_seed_and_the_pooled_gain(tmp_path, monkeypatch, capsys):
     from agentrl import cli
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "reports" / "labs").mkdir(parents=True)
-    for name, numbers in (("smol", _lab(0, _counts(0, 2), _counts(2, 2))),
-                          ("smol_seed1", _lab(1, _counts(0, 0), _counts(4, 2)))):
-        (tmp_path / "reports" / "labs" / f"{name}.json").write_text(json.dumps(numbers))
+    (tmp_path / "reports" / "labs" / "smol").mkdir(parents=True)
+    for seed, numbers in ((0, _lab(0, _counts(0, 2), _counts(2, 2))), (1, _lab(1, _counts(0, 0), _counts(4, 2)))):
+        (tmp_path / "reports" / "labs" / "smol" / f"seed{seed}.json").write_text(json.dumps(numbers))
     assert cli.main(["study", "labs"]) == 0
     md = (tmp_path / "reports" / "labs" / "comparison.md").read_text()
     assert "### `smol` at 2 seeds" in md
-    assert "| `smol_seed1` | 1 | 0.000 [0.000, 0.000] (no episode succeeded) | 0.750 [0.500, 1.000] | " \
+    assert "| 1 | 0.000 [0.000, 0.000] (no episode succeeded) | 0.750 [0.500, 1.000] | " \
            "+0.750 [+0.500, +1.000] | 1 of 1 |" in md
-    assert "| pooled (2 tasks, each the mean of its seeds) | 0, 1 | 0.125 [0.000, 0.250] | 0.625 [0.500, 0.750] | " \
+    assert "| pooled (2 tasks, each the mean of its seeds) | 0.125 [0.000, 0.250] | 0.625 [0.500, 0.750] | " \
            "**+0.500 [+0.250, +0.750]** | |" in md
     assert "The pooled gain excludes 0." in md
     numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
-    assert numbers["seeds"]["smol"]["labs"] == ["smol", "smol_seed1"]
-
+    assert numbers["seeds"]["smol"]["reports"] == ["reports/labs/smol/seed0.json", "reports/labs/smol/seed1.json"]
 
 
 def test_a_direct_lab_with_a_wrong_name_is_one_line_before_anything_is_written(tmp_path, repo_root):
@@ -134,25 +146,25 @@ def test_a_direct_lab_runs_outside_dvc_and_records_where_it_ran(tmp_path, repo_r
     import yaml
     from test_labs import SHORT_LAB
     params = tmp_path / "params.yaml"   # a checkout of its own: its data/ is the test's, the tokenizer linked in
-    menu = {**SHORT_LAB["configs"]["menu"], "seed": 5}
+    menu = SHORT_LAB["configs"]["menu"]
     committed = yaml.safe_load((repo_root / "params.yaml").read_text())
     params.write_text(yaml.safe_dump({**committed, "lab": {**SHORT_LAB, "runs": [], "configs": {"menu": menu}}}))
     (tmp_path / "data" / "tokenizers").mkdir(parents=True)
     (tmp_path / "data" / "tokenizers" / "qwen3").symlink_to(qwen3_tokenizer)
     # git must not find a repository above the test's directory (a temporary directory may sit inside one)
     env = {**os.environ, "PYTHONPATH": str(repo_root), "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
-    done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "menu", "--device", "cpu",
-                           "--out", "out", "--threads", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run([sys.executable, "-m", "agentrl.labs.direct", "--lab", "menu", "--seed", "5", "--device",
+                           "cpu", "--out", "out", "--threads", "2"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    numbers = json.loads((tmp_path / "out" / "menu-cpu-fp32.json").read_text())
-    md = (tmp_path / "out" / "menu-cpu-fp32.md").read_text()
+    numbers = json.loads((tmp_path / "out" / "menu-seed5-cpu-fp32.json").read_text())
+    md = (tmp_path / "out" / "menu-seed5-cpu-fp32.md").read_text()
     assert numbers["seed"] == 5 and numbers["device"] == "cpu" and "before" in numbers["held_out"]
     run = numbers["direct_run"]
     assert run["threads"] == 2 and run["numerics"] == "portable" and run["transformers"]
     assert run["git"] is None   # no repository here: no commit claimed
-    assert (tmp_path / "data" / "models" / "lab-menu" / "config.json").is_file()
-    assert md.startswith("# Lab `menu`")
+    assert (tmp_path / "data" / "models" / "lab-direct-menu-seed5-cpu-fp32" / "config.json").is_file()
+    assert md.startswith("# Lab `menu` seed 5")
 
 
 @pytest.mark.parametrize("device, text", [("cuda", "trained with GRPO on a CUDA GPU."),
@@ -207,3 +219,19 @@ def test_a_lab_stopped_before_grpo_says_how_many_of_its_steps_ran(repo_root):
     record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
     assert "GRPO: 0 of 16 steps of 4 tasks x 8 episodes" in lab_report({**record, "history": []})[1]
     assert grpo_steps_text(record, 16) == "16 steps" and grpo_steps_text(record, 9) == "9 of 16 steps"
+
+
+def test_the_committed_comparison_is_what_study_labs_writes_and_the_guide_quotes_it(repo_root, tmp_path, monkeypatch):
+    """reports/labs/comparison.md is regenerated from the committed reports byte for byte, and docs/labs.md's seed
+    table of the committed recipe is its table."""
+    import shutil
+
+    from agentrl import cli
+    shutil.copytree(repo_root / "reports" / "labs", tmp_path / "reports" / "labs")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["study", "labs"]) == 0
+    for name in ("comparison.md", "comparison.json"):
+        assert (tmp_path / "reports/labs" / name).read_text() == (repo_root / "reports/labs" / name).read_text(), name
+    doc = (repo_root / "docs" / "labs.md").read_text()
+    quoted = doc.split("<!-- study labs: smollm2 -->\n", 1)[1].split("<!-- end -->", 1)[0]
+    assert quoted.count("\n") == 6 and quoted in (repo_root / "reports/labs/comparison.md").read_text()

@@ -34,20 +34,25 @@ def _side(informative, pass_rate, call, op, malformed):
 
 
 def test_the_table_shows_the_change_and_the_zero_advantage_share_per_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(cells, "CELLS_DIR", tmp_path)
+    from agentrl.labs.instance import LabInstance
+    monkeypatch.chdir(tmp_path)
+    inst = LabInstance("x", 0, {})
+    assert cells.results_path(inst).as_posix() == "reports/labs/x/seed0.cells.json"
+    cells.results_path(inst).parent.mkdir(parents=True)
     history = [{"updated": True, "zero_adv_frac": 0.0, "approx_kl_max": 0.0002},
                {"updated": True, "zero_adv_frac": 0.25, "approx_kl_max": 0.0001},
                {"updated": False, "zero_adv_frac": 1.0, "approx_kl_max": None}]
     record = {"cell": "lr=3e-6", "steps": 3, "history": history, "seconds": {"total": 401.6},
               "before": _side(0.75, 0.296875, 0.402, 1.61, 0.05), "after": _side(0.5, 0.25, 0.372, 1.49, 0.05)}
-    (tmp_path / "x.json").write_text(json.dumps({"lr=3e-6": record}))
-    rows = cells.table("x").splitlines()
+    cells.results_path(inst).write_text(json.dumps({"lr=3e-6": record}))
+    rows = cells.table(inst).splitlines()
     assert rows[0].split(" | ")[4:6] == ["change", "zero-advantage share per step"]
     assert rows[2] == ("| lr=3e-6 | 3 (2) | 0.75 -> 0.50 | 0.297 -> 0.250 | -0.047 | 0.42 | 0.402 -> 0.372 | "
                        "1.610 -> 1.490 | 0.05 -> 0.05 | 0.0002 | 402 |")
 
 
 def test_the_table_of_a_lab_without_cells_is_one_line_naming_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(cells, "CELLS_DIR", tmp_path)
-    with pytest.raises(ConfigError, match=r"^labcells --table: .*nothing\.json does not exist yet"):
-        cells.table("nothing")
+    from agentrl.labs.instance import LabInstance
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^labcells --table: reports/labs/nothing/seed0\.cells\.json does not"):
+        cells.table(LabInstance("nothing", 0, {}))

@@ -22,10 +22,20 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"runs": ["menu", "chess"]}, r"lab.runs: unknown value 'chess'; allowed: menu, tools"),
     ({"configs": {"menu": {"episodes_per_task": 1}}}, r"lab.configs.menu.episodes_per_task: expected"),
     ({"configs": {"menu": {"new_tokens": 0}}}, r"lab.configs.menu.new_tokens: expected"),
-    ({"configs": {"menu": {"colour": 1}}}, r"lab.configs.menu.colour: unknown key; allowed: environment, model"),
+    ({"configs": {"menu": {"colour": 1}}}, r"lab.configs.menu.colour: unknown key; allowed: base, environment, model"),
     ({"configs": {"a b": {}}}, r"lab.configs: 'a b': a lab name is letters, digits and _"),
     ({"configs": {"nl\n": {}}}, r"lab.configs: 'nl\\n': a lab name is letters, digits and _"),
-    ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, device, eval_batch, configs"),
+    ({"colour": 1}, r"lab.colour: unknown key; allowed: runs, seeds, device, eval_batch, configs"),
+    ({"seeds": [-1]}, r"lab.seeds: expected a non-empty list of distinct integers"),
+    ({"configs": {"menu": {"seed": 3}}}, r"lab.configs.menu.seed: a seed is not part of a lab's config; run it with "
+                                         r"--seed N \(python -m stages.lab\) or list it in lab.seeds"),
+    ({"configs": {"menu": {}, "b": {"base": "nope"}}}, r"lab.configs.b.base: unknown value 'nope'; allowed: menu$"),
+    ({"configs": {"a": {"base": "b"}, "b": {"base": "a"}}}, r"lab.configs.b.base: a is circular \(a -> b -> a\)"),
+    ({"configs": {"a": {"base": "a"}}}, r"lab.configs.a.base: a is circular \(a -> a\)"),
+    ({"configs": {"a": {"base": 3}}}, r"lab.configs.a.base: expected the name of another entry of lab.configs, "
+                                      r"got 3"),
+    ({"configs": {"a": {}, "b": {"base": "a", "steps": 0}}}, r"lab.configs.b.steps: expected an integer in"),
+    ({"configs": {"a": {"steps": 0}, "b": {"base": "a"}}}, r"lab.configs.a.steps: expected an integer in"),
     ({"configs": {"menu": {"hidden": 1_000_000}}}, r"lab.configs.menu.hidden: expected an integer in \[8, 4096\]"),
     ({"configs": {"menu": {"steps": 10**21}}}, r"lab.configs.menu.steps: expected an integer in \[1, 100000\]"),
     ({"configs": {"menu": {"rl": {"p_rename_operands": 1.5}}}}, r"lab.configs.menu.rl.p_rename_operands: expected"),
@@ -49,6 +59,33 @@ def test_a_lab_is_a_config_entry():
     from agentrl.core.config import lab_run
     lab = load_section("lab", {"lab": {"configs": {"menu": {}, "mine": {"model": "x", "steps": 3}}, "runs": ["mine"]}})
     assert lab_run("mine", lab.configs["mine"]).steps == 3 and lab_run("menu", lab.configs["menu"]).steps == 25
+
+
+def test_a_config_names_what_it_changes_over_its_base():
+    """`base` takes the other entry's keys (its own base first), the entry's keys replace them, rl key by key."""
+    from agentrl.core.lab_config import config_run, resolve
+    configs = {"a": {"model": "m", "steps": 4, "rl": {"keep": "informative", "kl_coef": 0.1}},
+               "b": {"base": "a", "steps": 8, "rl": {"kl_coef": 0.2}},
+               "c": {"base": "b", "lr": 1.0e-5, "rl": {"p_rename_operands": 1.0}}}
+    lab = load_section("lab", {"lab": {"configs": configs}})
+    assert resolve(lab.configs, "c") == {"model": "m", "steps": 8, "lr": 1.0e-5,
+                                         "rl": {"keep": "informative", "kl_coef": 0.2, "p_rename_operands": 1.0}}
+    run = config_run(lab.configs, "c")
+    assert (run.steps, run.lr, run.rl["kl_coef"]) == (8, 1.0e-5, 0.2) and config_run(lab.configs, "a").steps == 4
+
+
+def test_the_committed_recipes_derive_from_smollm2(repo_root):
+    """params.yaml keeps the committed recipes: smollm2 written out, the others naming what they change."""
+    import agentrl.rl.variants  # noqa: F401  (the rl overrides name registered variants)
+    from agentrl.core.config import load_params
+    from agentrl.core.lab_config import config_run
+    configs = load_params(["lab"], repo_root / "params.yaml")["lab"].configs
+    assert set(configs) == {"menu", "tools", "smollm2", "smollm2_tools", "smollm2_book", "smollm2_book_bf16"}
+    smollm2, tools = config_run(configs, "smollm2"), config_run(configs, "smollm2_tools")
+    assert configs["smollm2_tools"]["base"] == "smollm2" and len(configs["smollm2_tools"]) <= 8
+    assert (tools.clone_steps, tools.lr, tools.rl, tools.environment) == \
+        (smollm2.clone_steps, smollm2.lr, smollm2.rl, "coding")
+    assert config_run(configs, "smollm2_book_bf16").steps == 30 and config_run(configs, "smollm2_book").dtype == "fp32"
 
 
 def test_the_lab_is_outside_the_default_pipeline(repo_root):
@@ -197,8 +234,9 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     params = {"lab": load_section("lab", {"lab": SHORT_LAB}), "rl": load_section("rl", {"rl": {}}),
               "run": load_section("run", {"run": {}})}
     share = SandboxShare()
-    record = run_lab(name, params, tmp_path / "out", tmp_path / "model", log=lambda *_: None,
-                     hooks=[share], clock=share.clock)
+    from agentrl.core.lab_config import config_run
+    record = run_lab(name, config_run(params["lab"].configs, name), 0, params, tmp_path / "out", tmp_path / "model",
+                     log=lambda *_: None, hooks=[share], clock=share.clock)
     record["threads"] = 2
     if name == "tools":
         record["sandbox"] = share.summary()
@@ -279,14 +317,14 @@ def test_the_hf_bench_refuses_bf16_under_portable_numerics_in_one_line_before_lo
 
 
 def test_a_cuda_lab_on_a_machine_without_one_is_one_line_before_anything_is_made(tmp_path):
-    from agentrl.core.config import ConfigError, load_section
+    from agentrl.core.config import ConfigError, lab_run, load_section
     from agentrl.labs.recipe import run_lab
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: lab.device cuda is valid here")
     params = {"lab": load_section("lab", {"lab": {"device": "cuda"}}), "rl": load_section("rl", {"rl": {}}),
               "run": load_section("run", {"run": {}})}
     with pytest.raises(ConfigError, match=r"^lab.device: cuda, but torch sees no CUDA device") as err:
-        run_lab("menu", params, tmp_path / "out", tmp_path / "model")
+        run_lab("menu", lab_run("menu", {}), 0, params, tmp_path / "out", tmp_path / "model")
     assert "\n" not in str(err.value) and not (tmp_path / "model").exists() and not (tmp_path / "out").exists()
 
 
@@ -385,24 +423,31 @@ def _lab_numbers(changed: bool, pretrained: bool) -> dict:
             "before": {"malformed": 1.0}, "after": {"malformed": 0.0}}
 
 
-def test_the_labs_study_puts_every_committed_lab_beside_the_books_run(tmp_path, monkeypatch, capsys):
+def test_the_labs_study_puts_the_committed_recipes_first_and_the_explored_apart(tmp_path, monkeypatch, capsys):
     from agentrl import cli
     monkeypatch.chdir(tmp_path)
     assert cli.main(["study", "labs"]) == 2   # nothing to compare: one line
     assert "no lab reports" in capsys.readouterr().err
-    (tmp_path / "reports" / "labs").mkdir(parents=True)
-    for name, changed, pretrained in (("smol", True, True), ("menu", False, False)):
-        (tmp_path / "reports" / "labs" / f"{name}.json").write_text(json.dumps(_lab_numbers(changed, pretrained)))
+    labs = tmp_path / "reports" / "labs"
+    for where, changed, pretrained in (("smol", True, True), ("menu", False, False), ("explored/old", True, False)):
+        (labs / where).mkdir(parents=True)
+        (labs / where / "seed0.json").write_text(json.dumps(_lab_numbers(changed, pretrained)))
+    (labs / "smol" / "seed0.probe.json").write_text("{}")   # a recipe's other files are not seeds
     assert cli.main(["study", "labs"]) == 0
-    md = (tmp_path / "reports" / "labs" / "comparison.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    md = (labs / "comparison.md").read_text()
+    committed, explored = md.split("## Explored recipes")
+    rows = [line for line in committed.splitlines() if line.startswith("| ")]
     assert rows[1].startswith("| the book, section 19.7 | Qwen3-0.6B | n/a | 0.20 [0.06, 0.39] | 0.80 [0.50, 1.00]")
     menu, smol = rows[2], rows[3]
-    assert menu.startswith("| `menu` | M | n/a | 0.250 [0.100, 0.400] | (= after the cold start) | no weight changed")
-    assert smol.startswith("| `smol` | M | 0.000 [0.000, 0.000] (no episode succeeded) | 0.250 [0.100, 0.400] | "
-                           "0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | 1.00 -> 0.00 | 0.500 -> 0.100 | 0.400 |")
-    numbers = json.loads((tmp_path / "reports" / "labs" / "comparison.json").read_text())
-    assert set(numbers["labs"]) == {"smol", "menu"} and numbers["book_qwen3_0_6b"]["gain"] == "+0.60 [+0.33, +0.88]"
+    assert menu.startswith("| `menu` seed 0 | M | n/a | 0.250 [0.100, 0.400] | (= after the cold start) | "
+                           "no weight changed")
+    assert smol.startswith("| `smol` seed 0 | M | 0.000 [0.000, 0.000] (no episode succeeded) | "
+                           "0.250 [0.100, 0.400] | 0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | 1.00 -> 0.00 | "
+                           "0.500 -> 0.100 | 0.400 |")
+    assert "`old` seed 0" in explored and "`old`" not in committed and "the book" not in explored
+    numbers = json.loads((labs / "comparison.json").read_text())
+    assert set(numbers["recipes"]) == {"smol", "menu"} and set(numbers["explored"]) == {"old"}
+    assert numbers["book_qwen3_0_6b"]["gain"] == "+0.60 [+0.33, +0.88]"
 
 
 def test_a_labs_training_episodes_rename_operands_and_its_evaluations_never():

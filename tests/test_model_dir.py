@@ -226,8 +226,8 @@ def test_a_lab_on_a_model_without_its_chat_template_is_refused_in_a_second(tmp_p
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "stages.lab", "--lab", "x"], cwd=work, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "stages.lab", "--lab", "x", "--seed", "1"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=120)
     elapsed = time.time() - t0
     assert out.returncode == 2 and out.stderr.splitlines() == [
         f"error: {FIELD}: {path} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.core import numerics
+from agentrl.core.lab_config import stage_mode
 from agentrl.tracking.provenance import fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,15 +163,21 @@ def test_a_native_child_of_a_portable_parent_runs_the_cpus_own_kernels(tmp_path)
     assert out["env"] == {k: ("TRUE" if k == "OMP_DYNAMIC" else None) for k in numerics.PORTABLE_ENV}
 
 
-def test_a_lab_runs_under_its_own_numerics_and_every_other_stage_under_run_numerics(monkeypatch):
-    params = {"run": {"numerics": "portable"}, "lab": {"configs": {"smol": {"numerics": "native"}, "menu": {}}}}
-    assert numerics.stage_mode(params, "lab", "smol") == "native"
-    assert numerics.stage_mode(params, "lab", "menu") == "portable"
-    assert numerics.stage_mode(params, "train", None) == "portable"
-    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab", "--lab", "smol"])
+def test_a_lab_runs_under_its_own_numerics_and_every_other_stage_under_run_numerics(monkeypatch, tmp_path):
+    params = {"run": {"numerics": "portable"},
+              "lab": {"configs": {"smol": {"numerics": "native"}, "menu": {}, "derived": {"base": "smol"}}}}
+    assert stage_mode(params, "lab", "smol") == "native"
+    assert stage_mode(params, "lab", "derived-2") == "native"   # through its base, as DVC names it
+    assert stage_mode(params, "lab", "menu") == "portable"
+    assert stage_mode(params, "train", None) == "portable"
+    (tmp_path / "config.yaml").write_text("base: smol\n")   # an explored recipe's file: its base's numerics
+    assert stage_mode(params, "lab", f"file:{tmp_path / 'config.yaml'}") == "native"
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab", "--lab", "smol", "--seed", "3"])
     assert numerics.running_stage() == ("lab", "smol")
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab", "--config", "x/config.yaml"])
+    assert numerics.running_stage() == ("lab", "file:x/config.yaml")
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "stages.lab"])
-    monkeypatch.setenv("DVC_STAGE", "lab@menu")
-    assert numerics.running_stage() == ("lab", "menu")
+    monkeypatch.setenv("DVC_STAGE", "lab@menu-0")
+    assert numerics.running_stage() == ("lab", "menu-0")
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])
     assert numerics.running_stage() == (None, None)

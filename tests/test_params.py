@@ -219,7 +219,7 @@ def test_committed_params_are_the_library_defaults(committed):
     """params.yaml pins every knob at its declared default, and names every key (the schema is the one source).
     lab.configs is a table of entries: it holds the built-in labs as declared, and may add labs of its own (the
     pretrained ones name a directory `make install` and stage pretrained create), each a valid LabRun."""
-    from agentrl.core.config import lab_run
+    from agentrl.core.lab_config import config_run
     for name in SECTIONS:
         if name != "lab":
             assert committed[name] == defaults(name), name
@@ -228,7 +228,7 @@ def test_committed_params_are_the_library_defaults(committed):
     assert lab == {k: v for k, v in default.items() if k != "configs"}
     assert {k: configs[k] for k in default["configs"]} == default["configs"]
     for name in set(configs) - set(default["configs"]):
-        assert lab_run(name, configs[name]).model, name   # an added lab runs a model of its own
+        assert config_run(configs, name).model, name   # an added lab runs a model of its own (or its base's)
 
 
 def test_a_missing_section_is_an_error(tmp_path, monkeypatch, committed):

@@ -114,15 +114,18 @@ def test_bad_opprobe_arguments_are_one_line_before_any_model_loads(args, message
 
 
 def test_the_table_reads_the_recorded_probes(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe, "PROBE_DIR", tmp_path)
+    from agentrl.labs.instance import LabInstance
+    monkeypatch.chdir(tmp_path)
+    inst = LabInstance("lab", 1, {})
     side = lambda p: {"p_oracle": p, "accuracy": 0.5, "entropy": 1.0, "information": 0.05}
     row = lambda step, p: {"step": step, "heldout": side(p), "train": side(p + 0.1)}
-    (tmp_path / "lab.json").write_text(json.dumps({
+    assert probe.probe_path(inst).as_posix() == "reports/labs/lab/seed1.probe.json"
+    probe.probe_path(inst).parent.mkdir(parents=True)
+    probe.probe_path(inst).write_text(json.dumps({
         "clone_curve": {"rows": [row(32, 0.238), row(128, 0.445)]},
         "checkpoints": {"final": {"heldout": side(0.5), "train": side(0.6)}}}))
-    text = probe.table("lab")
+    text = probe.table(inst)
     assert "| 32 | 0.238 | 0.50 | 1.000 | 0.050 | 0.338 |" in text
     assert "| 128 | 0.445 |" in text and "| final | 0.500 | 0.50 | 1.000 | 0.050 | 0.600 |" in text
-    monkeypatch.setattr(probe, "PROBE_DIR", tmp_path / "none")
-    with pytest.raises(Exception, match="opprobe --table: .* does not exist yet"):
-        probe.table("lab")
+    with pytest.raises(Exception, match="opprobe --table: reports/labs/lab/seed2.probe.json does not exist yet"):
+        probe.table(LabInstance("lab", 2, {}))

@@ -18,6 +18,7 @@ import os
 import struct
 from pathlib import Path
 
+from agentrl.backends.offline import OFFLINE
 from agentrl.core import files
 from agentrl.core.knobs import ConfigError
 from agentrl.env.chat import TemplateError, TokenInTokenOutError, ToolChat
@@ -183,7 +184,7 @@ def check_template(path: Path, field: str, formats=(_Probe, _ProbeWithSystem)) -
     tokenizer = _json(path / "tokenizer.json", field, "a tokenizer", limit=256 * files.MiB)
     if not isinstance(tokenizer, dict):
         raise ConfigError(f"{field}: {path / 'tokenizer.json'} is not a JSON object")
-    os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    os.environ.update(OFFLINE)
     for fmt in formats:
         try:
             chat = fmt(TemplateTokenizer(template, tokenizer, config), verify_at_start=False)

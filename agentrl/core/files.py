@@ -83,10 +83,3 @@ def decode_utf8(data: bytes, name: str) -> str:
         raise InputFileError(f"{name}: line {line}, column {column}: byte 0x{data[start]:02x} is not UTF-8; the file "
                              "must be UTF-8 text") from None
 
-
-def is_regular(path) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-

@@ -67,9 +67,9 @@ class Spec:
             return "a " + ("non-empty " if self.nonempty else "") + "mapping"
         if self.kind is list:
             what = self._scalar(self.item)
+            noun, sep, bounds = what.split(" ", 1)[1].partition(" ")   # "an integer >= 0" -> integers >= 0
             text = f"a {'non-empty ' if self.nonempty else ''}list of {'distinct ' if self.unique else ''}" + \
-                   (f"values from {', '.join(map(str, self.allowed()))}" if self.choices else what.replace("a ", "", 1)
-                    .replace("an ", "", 1) + "s")
+                   (f"values from {', '.join(map(str, self.allowed()))}" if self.choices else f"{noun}s{sep}{bounds}")
             return text
         if self.choices:
             return "one of " + ", ".join(map(str, self.allowed()))

@@ -1,5 +1,10 @@
 """The lab section of params.yaml (docs/labs.md): the real-model labs, each an entry of `lab.configs` validated as
-a `LabRun`, outside the default pipeline unless `lab.runs` names it."""
+a `LabRun`, outside the default pipeline unless `lab.runs` names it.
+
+An entry names what it changes: `base: <another entry>` takes that entry's keys (its own base first), then the
+entry's own keys replace them, `rl` key by key. A seed is not a config: a lab runs at the seeds `lab.seeds` lists
+(DVC's matrix) or `--seed` names, and `resolve` refuses a `seed` key.
+"""
 from __future__ import annotations
 
 import re
@@ -57,9 +62,6 @@ class LabRun(Section):
     max_kl: float | None = knob(None, float, "a bound on each GRPO update: a minibatch whose approximate KL to the "
                                 "sampling policy exceeds it is not stepped and the update ends (null: no bound; "
                                 "the KL is reported either way)", lo=0.0, lo_open=True, nullable=True)
-    seed: int | None = knob(None, int, "this lab's seed: every random stream of the lab derives from it (null: "
-                            "run.seed); the same config at several seeds, each its own lab, is pooled by study labs",
-                            nullable=True, **SEED)
     signal_tasks: int = _int(8, "after the cold start, the signal check samples this many training tasks x "
                              "episodes_per_task (groups of the lab's size); 0: no check", lo=0, hi=1024)
     min_signal: float = knob(0.25, float, "the signal check's gate: the share of its groups whose rewards disagree "
@@ -122,29 +124,170 @@ def memory_bytes() -> int | None:
     return None
 
 
-# the committed labs: the small random-init Qwen3 on the gym's tools (menu) and on the generic coding tools (tools)
+# the labs a params.yaml without lab.configs has: the small random-init Qwen3 on the gym's tools (menu) and on the
+# generic coding tools (tools)
 LAB_CONFIGS = {
     "menu": {},
     "tools": {"environment": "coding", "new_tokens": 72, "clone_steps": 150, "steps": 8, "episodes_per_task": 4,
               "probe_group": 2},
 }
+BASE = "base"   # the key of an entry that names the entry it derives from
+RUN_KEYS = tuple(f.name for f in fields(LabRun))
 
 
-def lab_run(name: str, spec) -> LabRun:
-    """The LabRun of lab.configs.<name>; a bad name or value is a ConfigError naming lab.configs.<name>.<key>."""
+def _entry(configs: dict, name: str, where: str) -> dict:
+    """One entry of lab.configs, its name and its own keys checked (not its values: LabRun does that)."""
     if not isinstance(name, str) or not LAB_NAME.fullmatch(name):
-        raise ConfigError(f"LabConfig.configs: {name!r}: a lab name is letters, digits and _ (it names a DVC stage)")
-    where = f"LabConfig.configs.{name}"
+        raise ConfigError(f"{where}: {name!r}: a lab name is letters, digits and _ (it names a DVC stage)")
+    spec = configs[name]
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}.{name}: expected a mapping of LabRun keys, got {spec!r}")
+    return spec
+
+
+def _own_keys(spec: dict, where: str) -> None:
+    """An entry's keys: LabRun's, and `base`; a seed is refused with where seeds go."""
+    for key in sorted(spec, key=str):
+        if key == "seed":
+            raise ConfigError(f"{where}.seed: a seed is not part of a lab's config; run it with --seed N "
+                              "(python -m stages.lab) or list it in lab.seeds (the stage's matrix)")
+        if key != BASE and key not in RUN_KEYS:
+            raise ConfigError(f"{where}.{key}: unknown key; allowed: {BASE}, {', '.join(RUN_KEYS)}")
+    _base_is_a_name(spec, where)
+
+
+def _base_is_a_name(spec: dict, where: str) -> None:
+    if BASE in spec and not isinstance(spec[BASE], str):
+        raise ConfigError(f"{where}.{BASE}: expected the name of another entry of lab.configs, got {spec[BASE]!r}")
+
+
+def merge(base: dict, own: dict) -> dict:
+    """An entry's keys over its base's (resolved) keys: each key replaces the base's, `rl` key by key."""
+    out = {**base}
+    for key, value in own.items():
+        if key == BASE:
+            continue
+        if key == "rl" and isinstance(value, dict) and isinstance(base.get("rl"), dict):
+            out["rl"] = {**base["rl"], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def resolve(configs: dict, name: str, where: str = "LabConfig.configs", strict: bool = True) -> dict:
+    """The keys lab.configs.<name> runs with: its base chain merged (the entry last), `base` gone. A missing or
+    circular base, an unknown key or a `seed` is a ConfigError naming the entry and the field (not strict: keys are
+    taken as they are, for comparing a record's values with the file's)."""
+    chain: list[str] = []
+    current = name
+    while True:
+        if current in chain:
+            raise ConfigError(f"{where}.{chain[-1]}.{BASE}: {current} is circular "
+                              f"({' -> '.join([*chain, current])})")
+        spec = _entry(configs, current, where)
+        if strict:
+            _own_keys(spec, f"{where}.{current}")
+        _base_is_a_name(spec, f"{where}.{current}")
+        chain.append(current)
+        if BASE not in spec:
+            break
+        if spec[BASE] not in configs:
+            raise ConfigError(f"{where}.{current}.{BASE}: unknown value {spec[BASE]!r}; allowed: "
+                              f"{', '.join(k for k in configs if k != current)}")
+        current = spec[BASE]
+    out: dict = {}
+    for entry in reversed(chain):
+        out = merge(out, configs[entry])
+    return out
+
+
+def resolve_spec(spec, configs: dict, where: str, strict: bool = True) -> dict:
+    """A config outside lab.configs (a recipe's config file): its own keys over its base in lab.configs, if any."""
     if not isinstance(spec, dict):
         raise ConfigError(f"{where}: expected a mapping of LabRun keys, got {spec!r}")
-    unknown = sorted((k for k in spec if k not in {f.name for f in fields(LabRun)}), key=str)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(f.name for f in fields(LabRun))}")
+    if strict:
+        _own_keys(spec, where)
+    _base_is_a_name(spec, where)
+    if BASE not in spec:
+        return merge({}, spec)
+    if spec[BASE] not in configs:
+        raise ConfigError(f"{where}.{BASE}: unknown value {spec[BASE]!r}; allowed: {', '.join(configs)}")
+    return merge(resolve(configs, spec[BASE], strict=strict), spec)
+
+
+def lab_run(name: str, spec: dict, where: str | None = None) -> LabRun:
+    """The LabRun of resolved keys (`resolve`); a bad value is a ConfigError naming <where>.<key>."""
+    where = where or f"LabConfig.configs.{name}"
     try:
-        return LabRun(**spec)
+        return LabRun(**{k: v for k, v in spec.items() if k != BASE})
     except ConfigError as exc:
         field_, rest = str(exc).split(":", 1)
         raise ConfigError(f"{where}.{field_.split('.', 1)[-1]}:{rest}") from None
+    except TypeError:   # a key LabRun lacks: resolve names it first; this is for a spec that skipped it
+        unknown = sorted(k for k in spec if k not in RUN_KEYS and k != BASE)
+        raise ConfigError(f"{where}.{unknown[0] if unknown else '?'}: unknown key; allowed: "
+                          f"{', '.join(RUN_KEYS)}") from None
+
+
+def config_run(configs: dict, name: str) -> LabRun:
+    """The LabRun lab.configs.<name> runs (its base chain resolved)."""
+    return lab_run(name, resolve(configs, name))
+
+
+MAX_CONFIG_BYTES = 64 * 1024   # a recipe's config file is a few hundred bytes
+
+
+def read_config_file(path) -> dict:
+    """A recipe's config file (reports/labs/explored/<recipe>/config.yaml): a regular file of bounded size, YAML
+    within strict_yaml's bounds, a mapping. Each problem is one ConfigError naming the file."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentrl.core import files, strict_yaml
+    path = Path(path)
+    try:
+        text = files.decode_utf8(files.read_bytes(path, MAX_CONFIG_BYTES, "a lab config file"), str(path))
+        data = strict_yaml.load(text)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path}: file not found") from None
+    except (files.InputFileError, strict_yaml.LimitError, strict_yaml.DuplicateKeyError) as exc:
+        raise ConfigError(f"--config: {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: {path}: unreadable ({exc.strerror or type(exc).__name__})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"--config: {path}: not valid YAML ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {path}: expected a mapping of LabRun keys (and base), got {type(data).__name__}")
+    return data
+
+
+FILE_INSTANCE = "file:"   # how a stage process names an explored recipe's config file as its instance
+
+
+def instance_spec(lab_section, instance: str | None) -> dict | None:
+    """The resolved keys of the lab a stage process runs, from the raw lab section, before anything is validated or
+    imported: `instance` is a config's name (--lab), `<name>-<seed>` ($DVC_STAGE's) or file:<path> (--config); None
+    where it names no config (the stage refuses it later, in one line)."""
+    configs = lab_section.get("configs", LAB_CONFIGS) if isinstance(lab_section, dict) else LAB_CONFIGS
+    if not instance or not isinstance(configs, dict):
+        return None
+    if instance.startswith(FILE_INSTANCE):
+        path = instance[len(FILE_INSTANCE):]
+        return resolve_spec(read_config_file(path), configs, path)
+    name = instance if instance in configs else re.sub(r"-[0-9]+$", "", instance)
+    return resolve(configs, name) if name in configs else None
+
+
+def stage_mode(params: dict, stage: str | None, instance: str | None = None) -> str:
+    """The numerics a stage runs under (raw params): run.numerics, except a lab whose config sets its own `numerics`,
+    itself or through its base (a real model's GEMMs are several times slower on the portable branch)."""
+    mode = (params.get("run") or {}).get("numerics", "portable")
+    if stage == "lab" and instance:
+        spec = instance_spec(params.get("lab"), instance)
+        if isinstance(spec, dict) and spec.get("numerics") is not None:
+            mode = spec["numerics"]
+    return mode
 
 
 @dataclass(frozen=True)
@@ -152,16 +295,17 @@ class LabConfig(Section):
     """The real-model labs (docs/labs.md): outside the default pipeline (runs is empty by default)."""
     runs: list = knob([], list, "the labs the lab stage runs, names of configs (empty: not in the default pipeline)",
                       item=str, unique=True)
+    seeds: list = knob([0], list, "the seeds the lab stage runs each of `runs` at (lab@<lab>-<seed>); every random "
+                       "stream of a lab derives from its seed", item=int, **SEED, nonempty=True, unique=True)
     device: str = knob("cpu", str, "where the model and every tensor live", choices=DEVICES)
     eval_batch: int = _int(40, "held-out episodes sampled together", lo=1)
-    configs: dict = knob(LAB_CONFIGS, dict, "lab name -> its LabRun keys (the rest take LabRun's defaults); add one "
-                         "with dvc exp run -S '+lab.configs.<name>={model: DIR}'", nonempty=True)
+    configs: dict = knob(LAB_CONFIGS, dict, "lab name -> its LabRun keys (the rest take LabRun's defaults), or base: "
+                         "<another lab> and the keys it changes; add one with dvc exp run -S "
+                         "'+lab.configs.<name>={base: smollm2, lr: 3.0e-5}'", nonempty=True)
 
     def check(self):
-        for name, spec in self.configs.items():
-            lab_run(name, spec)
+        for name in self.configs:
+            config_run(self.configs, name)
         missing = [r for r in self.runs if r not in self.configs]
         if missing:
             raise ConfigError(f"LabConfig.runs: unknown value {missing[0]!r}; allowed: {', '.join(self.configs)}")
-
-

@@ -141,17 +141,6 @@ def pin(mode: str = "portable") -> str:
     return mode
 
 
-def stage_mode(params: dict, stage: str | None, instance: str | None = None) -> str:
-    """The numerics a stage runs under: run.numerics, except a lab whose entry of lab.configs sets its own
-    `numerics` (a real model's GEMMs are several times slower on the portable branch; docs/labs.md)."""
-    mode = (params.get("run") or {}).get("numerics", "portable")
-    if stage == "lab" and instance:
-        spec = ((params.get("lab") or {}).get("configs") or {}).get(instance)
-        if isinstance(spec, dict) and spec.get("numerics") is not None:
-            mode = spec["numerics"]
-    return mode
-
-
 def running_stage() -> tuple[str | None, str | None]:
     """(stage, instance) of the stage this process runs, `python -m stages.<name> [--<key> <instance>]` or DVC's
     `$DVC_STAGE` (name@instance), read from the command line, which is known before stages/__init__.py has finished
@@ -168,6 +157,10 @@ def running_stage() -> tuple[str | None, str | None]:
             instance = argv[i + 1]
         elif arg.startswith(f"--{stage}="):
             instance = arg.split("=", 1)[1]
+        elif stage == "lab" and arg == "--config" and i + 1 < len(argv):   # an explored recipe's config file
+            instance = "file:" + argv[i + 1]
+        elif stage == "lab" and arg.startswith("--config="):
+            instance = "file:" + arg.split("=", 1)[1]
     return stage, instance
 
 

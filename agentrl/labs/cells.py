@@ -1,12 +1,13 @@
-"""`python -m agentrl labcells --lab NAME [--set KEY=V] [--grid KEY=V1,V2] --steps N`: the cold start and the GRPO
-update compared side by side, each cell at a fraction of a lab's cost.
+"""`python -m agentrl labcells --lab NAME|--config FILE [--seed N] [--set KEY=V] [--grid KEY=V1,V2] --steps N`: the
+cold start and the GRPO update compared side by side, each cell at a fraction of a lab's cost.
 
 A cell is the lab's config with some keys changed (a LabRun key, or `rl.<key>`): its cold start, the signal check
 (agentrl.labs.signal) on training tasks, `steps` GRPO steps, and the same check again on the same tasks and random
 stream. Before and after, a cell shows whether GRPO kept the signal (groups whose rewards disagree, decision entropy)
 and which way the training pass moved, per family; no held-out evaluation (the lab's report does that). Cells that
-share a cold start reuse it (saved once under data/labs/cells/). Results accumulate in
-reports/labs/cells/<lab>.json, one entry per cell; `--table` prints them as markdown (docs/labs.md keeps the table).
+share a cold start reuse it (saved once under data/labs/cells/). Results accumulate in the recipe's
+seed<N>.cells.json (reports/labs/<lab>/, or beside an explored recipe's config), one entry per cell; `--table` prints
+them as markdown.
 """
 from __future__ import annotations
 
@@ -25,14 +26,13 @@ from agentrl.core.config import ConfigError, lab_run
 from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.tasks import make_tasks
 from agentrl.labs.precision import check_dtype
-from agentrl.labs.recipe import demonstrations, env_factory_for, lab_seed, load_policy, rl_config
+from agentrl.labs.recipe import demonstrations, env_factory_for, load_policy, rl_config
 from agentrl.labs.signal import StepSignal, signal_check
 from agentrl.rl.trainer import train
 from agentrl.starting.chat import clone
 
 COLD_KEYS = ("model", "demos", "demos_per_task", "clone_steps", "clone_lr", "clone_batch", "new_tokens", "max_turns",
              "dtype")
-CELLS_DIR = Path("reports/labs/cells")
 COLD_DIR = Path("data/labs/cells")
 
 
@@ -95,16 +95,15 @@ def cold_start(run, seed: int, model_dir_for_small: Path, device: str, log):
     return model, chat, info
 
 
-def run_cell(name: str, params: dict, changes: dict, steps: int, log=print) -> dict:
-    lab, rl = params["lab"], params["rl"]
-    run = lab_run(name, cell_spec(lab.configs[name], changes))
-    seed = lab_seed(run, params)
-    check_dtype(run.dtype, lab.device, f"labcells {name}: dtype")
+def run_cell(inst, params: dict, changes: dict, steps: int, log=print) -> dict:
+    lab, rl, seed = params["lab"], params["rl"], inst.seed
+    run = lab_run(inst.name, cell_spec(inst.spec, changes))
+    check_dtype(run.dtype, lab.device, f"labcells {inst.name}: dtype")
     if not run.signal_tasks:
         raise ConfigError("labcells: signal_tasks must be > 0 (the check before and after is the cell's result)")
     start = time.time()
     model, chat, cold = cold_start(run, seed, COLD_DIR / "small-model", lab.device, log)
-    env_factory, cfg, tasks = env_factory_for(run), rl_config(rl, run), make_tasks("train")
+    env_factory, cfg, tasks = env_factory_for(run), rl_config(rl, run, seed), make_tasks("train")
     t0 = time.time()
     before = signal_check(model, chat, tasks, run.signal_tasks, cfg, env_factory, seed, "cell")
     check_s = time.time() - t0
@@ -126,22 +125,22 @@ def run_cell(name: str, params: dict, changes: dict, steps: int, log=print) -> d
             "seconds": {"check": round(check_s, 1), "grpo": round(grpo_s, 1), "total": round(time.time() - start, 1)}}
 
 
-def results_path(name: str) -> Path:
-    return CELLS_DIR / f"{name}.json"
+def results_path(inst) -> Path:
+    return inst.report.with_suffix(".cells.json")
 
 
-def record(name: str, result: dict) -> None:
-    path = results_path(name)
+def record(inst, result: dict) -> None:
+    path = results_path(inst)
     cells = json.loads(path.read_text()) if path.is_file() else {}
     cells[result["cell"]] = result
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, cells)
 
 
-def table(name: str) -> str:
+def table(inst) -> str:
     """The cells of a lab as markdown: before -> after per cell; the change in training pass (after - before, on the
     same tasks and stream) and the zero-advantage share averaged over the GRPO steps."""
-    path = results_path(name)
+    path = results_path(inst)
     if not path.is_file():
         raise ConfigError(f"labcells --table: {path} does not exist yet (run some cells first)")
     cells = json.loads(path.read_text())
@@ -163,22 +162,18 @@ def table(name: str) -> str:
     return "\n".join(out)
 
 
-def labcells(name: str, sets: list[str], grids: list[str], steps: int, log=print) -> list[dict]:
-    from agentrl.core.config import load_params
-    params = load_params(["run", "rl", "lab"])
-    if name not in params["lab"].configs:
-        raise ConfigError(f"--lab: unknown value {name!r}; allowed: {', '.join(params['lab'].configs)}")
+def labcells(params: dict, inst, sets: list[str], grids: list[str], steps: int, log=print) -> list[dict]:
     cells = grid(sets, grids)
     for changes in cells:   # every cell's config checked before the first one spends minutes
-        lab_run(name, cell_spec(params["lab"].configs[name], changes))
+        lab_run(inst.name, cell_spec(inst.spec, changes))
     out = []
     previous = torch.get_default_device()
     torch.set_default_device(params["lab"].device)
     try:
         for changes in cells:
             log(f"cell {key_of(changes)}")
-            result = run_cell(name, params, changes, steps, log)
-            record(name, result)
+            result = run_cell(inst, params, changes, steps, log)
+            record(inst, result)
             out.append(result)
     finally:
         torch.set_default_device(previous)

@@ -57,7 +57,7 @@ def labcheck(device: str, model: str | None = None, seed: int = 0, log=print) ->
             demos = [EXPERTS[run.environment](factory(task, g), chat) for task in tasks]
             loss = clone(policy, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g)[-1]
             log(f"labcheck: cold start step, cross-entropy {loss:.3f}")
-            cfg = rl_config(RLConfig(seed=seed), run)
+            cfg = rl_config(RLConfig(seed=seed), run, seed)
             gate = preflight(policy, chat, tasks, replace(cfg, group_size=run.probe_group), factory, seed)
             failed = [n for n, c in gate["checks"].items() if not c["passed"]]
             log(f"labcheck: nine invariants {'pass' if not failed else 'fail: ' + ', '.join(failed)}")

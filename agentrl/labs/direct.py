@@ -1,10 +1,11 @@
-"""`python -m agentrl.labs.direct --lab NAME [--device cuda] [--dtype bf16] [--out DIR]`: a lab outside DVC and
-MLflow, for a machine that has torch and transformers but not the tracking stack (a rented GPU box).
+"""`python -m agentrl.labs.direct --lab NAME|--config FILE [--seed N] [--device cuda] [--dtype bf16] [--out DIR]`: a
+lab outside DVC and MLflow, for a machine that has torch and transformers but not the tracking stack (a rented GPU
+box).
 
 The body of stage lab (stages/lab.py) without its wrapper: params.yaml read and validated by the project's loader,
 the lab's numerics pinned before torch is imported and the threads set (agentrl.core.numerics.enter), `lab.device`
 and the lab's `dtype` replaced in memory (params.yaml is not edited), then the same run_lab and lab_report. Writes
-OUT/<lab>-<device>-<dtype>.{json,md}; the JSON's `direct_run` names the device, versions, numerics and the git
+OUT/<lab>-seed<N>-<device>-<dtype>.{json,md}; the JSON's `direct_run` names the device, versions, numerics and the git
 commit when there is one. No MLflow run and no provenance record: `audit` cannot trace these numbers to a stage,
 so they are committed, if at all, beside a note of how they were made (docs/labs.md, "GPU").
 """
@@ -34,14 +35,17 @@ def git_commit() -> dict | None:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
-def run(name: str, device: str, dtype: str | None, out_dir: Path, past_gates: bool, threads: int | None,
-        params_path: str = "params.yaml") -> int:
-    from agentrl.core.config import load_params, read_params_file
-    from agentrl.core.numerics import enter, pin, stage_mode
-    mode = pin(stage_mode(read_params_file(params_path), "lab", name))   # before anything imports torch
-    from stages.lab import SECTIONS, lab_instance  # its imports register what the rl section names
-    name = lab_instance(name, params_path)
-    params = load_params(list(dict.fromkeys(["run", *SECTIONS])), params_path)
+def run(name: str | None, config: str | None, seed: int | None, device: str, dtype: str | None, out_dir: Path,
+        past_gates: bool, threads: int | None, params_path: str = "params.yaml") -> int:
+    from agentrl.core.config import lab_run, load_params, read_params_file
+    from agentrl.core.lab_config import stage_mode
+    from agentrl.core.numerics import enter, pin
+    from agentrl.labs.instance import named
+    instance = name or (config and f"file:{config}")
+    mode = pin(stage_mode(read_params_file(params_path), "lab", instance))   # before anything imports torch
+    import agentrl.rl.variants  # noqa: F401  (registers what the rl section names)
+    params = load_params(["run", "rl", "lab"], params_path)
+    inst = named(params["lab"], name, config, seed)
     threads = threads or params["run"].threads
     machine = enter(threads, mode)
     import torch
@@ -52,15 +56,13 @@ def run(name: str, device: str, dtype: str | None, out_dir: Path, past_gates: bo
     from agentrl.labs.recipe import run_lab
     from agentrl.labs.report import lab_report
     from agentrl.labs.timing import SandboxShare
-    lab = params["lab"]
-    spec = {**lab.configs[name], **({"dtype": dtype} if dtype else {})}
-    dtype = spec.get("dtype", "fp32")
-    params = {**params, "lab": replace(lab, device=device, configs={**lab.configs, name: spec})}
-    tag, start = f"{name}-{device}-{dtype}", time.time()
+    run_ = lab_run(inst.name, {**inst.spec, **({"dtype": dtype} if dtype else {})})
+    params = {**params, "lab": replace(params["lab"], device=device)}
+    tag, start = f"{inst.name}-seed{inst.seed}-{device}-{run_.dtype}", time.time()
     keep_freed_memory()
     share = SandboxShare()
-    record = run_lab(name, params, DATA / "labs" / tag, DATA / "models" / f"lab-{name}", hooks=[share],
-                     clock=share.clock, past_gates=past_gates)
+    record = run_lab(inst.name, run_, inst.seed, params, DATA / "labs" / "direct" / tag,
+                     DATA / "models" / f"lab-direct-{tag}", hooks=[share], clock=share.clock, past_gates=past_gates)
     record["threads"] = threads
     if record["config"]["environment"] == "coding":
         record["sandbox"] = share.summary()
@@ -87,7 +89,9 @@ def run(name: str, device: str, dtype: str | None, out_dir: Path, past_gates: bo
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m agentrl.labs.direct", description=__doc__.split("\n\n")[0])
-    p.add_argument("--lab", required=True, help="a name of lab.configs")
+    p.add_argument("--lab", help="an entry of lab.configs")
+    p.add_argument("--config", help="an explored recipe's reports/labs/explored/<recipe>/config.yaml")
+    p.add_argument("--seed", type=int, help="the lab's seed (default 0)")
     p.add_argument("--device", choices=DEVICES, default="cuda")
     p.add_argument("--dtype", choices=DTYPES, help="default: the lab's own")
     p.add_argument("--out", type=Path, default=Path("reports/labs/direct"))
@@ -97,8 +101,8 @@ def main(argv=None) -> int:
                    "check fails (the report says so in its first lines)")
     args = p.parse_args(argv)
     from agentrl.core.boundary import guard
-    return guard("labs.direct", run, args.lab, args.device, args.dtype, args.out, args.past_gates, args.threads,
-                 args.params)
+    return guard("labs.direct", run, args.lab, args.config, args.seed, args.device, args.dtype, args.out,
+                 args.past_gates, args.threads, args.params)
 
 
 if __name__ == "__main__":

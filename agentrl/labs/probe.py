@@ -14,8 +14,9 @@ ops for that source (no sampling; the same weights give the same numbers). Over 
     information   marginal entropy - mean entropy: the mutual information between the context and the op under
                   the policy (0 when the op ignores the source; at most log 5)
 
-`python -m agentrl opprobe --lab NAME` probes a lab's saved checkpoints, or (`--clone-curve`) reruns the lab's
-cold start and probes it every few cloning steps: the cold start sized by measurement (docs/labs.md).
+`python -m agentrl opprobe --lab NAME|--config FILE [--seed N]` probes a lab's saved checkpoints, or
+(`--clone-curve`) reruns the lab's cold start and probes it every few cloning steps: the cold start sized by
+measurement. Results accumulate in the recipe's seed<N>.probe.json beside its reports.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ from agentrl.env.ops import REPAIR_OPS
 from agentrl.env.tasks import make_tasks
 from agentrl.starting.chat import call_arguments
 
-PROBE_DIR = Path("reports/labs/probe")
 SPLITS = ("heldout", "train")
 
 
@@ -121,21 +121,20 @@ def probe_contexts(chat, env_factory, seed: int, renames: int = 2) -> dict[str, 
                                  stream_generator(seed, "lab", "probe", split)) for split in SPLITS}
 
 
-def _lab(name: str):
-    from agentrl.core.config import load_params
-    from agentrl.labs.recipe import lab_seed
-    params = load_params(["run", "rl", "lab"])
-    if name not in params["lab"].configs:
-        raise ConfigError(f"--lab: unknown value {name!r}; allowed: {', '.join(params['lab'].configs)}")
-    run = lab_run(name, params["lab"].configs[name])
+def _lab(inst, params):
+    run = lab_run(inst.name, inst.spec)
     if run.environment != "gym":
-        raise ConfigError(f"opprobe: lab {name} runs the {run.environment} environment; the op probe is defined for "
-                          "gym (its five repair ops)")
-    return run, lab_seed(run, params), params["lab"].device
+        raise ConfigError(f"opprobe: lab {inst.name} runs the {run.environment} environment; the op probe is defined "
+                          "for gym (its five repair ops)")
+    return run, inst.seed, params["lab"].device
 
 
-def record(name: str, key: str, value) -> Path:
-    path = PROBE_DIR / f"{name}.json"
+def probe_path(inst) -> Path:
+    return inst.report.with_suffix(".probe.json")
+
+
+def record(inst, key: str, value) -> Path:
+    path = probe_path(inst)
     out = json.loads(path.read_text()) if path.is_file() else {}
     out[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,17 +142,19 @@ def record(name: str, key: str, value) -> Path:
     return path
 
 
-def probe_checkpoints(name: str, checkpoints: list[str], log=print) -> dict:
-    """The probe on each of a lab's saved checkpoints (data/labs/<lab>/<checkpoint>), recorded under `checkpoints`."""
+def probe_checkpoints(params: dict, inst, checkpoints: list[str], log=print) -> dict:
+    """The probe on each of a lab's saved checkpoints (data/labs/<lab>/seed<N>/<checkpoint>), recorded under
+    `checkpoints`."""
     from dataclasses import replace
 
     from agentrl.labs.recipe import env_factory_for, load_policy
-    run, seed, device = _lab(name)
-    dirs = [Path("data/labs") / name / c for c in checkpoints]
+    run, seed, device = _lab(inst, params)
+    dirs = [inst.work_dir / c for c in checkpoints]
     missing = [str(d) for d in dirs if not (d / "config.json").is_file()]
     if missing:
+        how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
         raise ConfigError(f"opprobe --checkpoint: {', '.join(missing)} not found (run the lab first: python -m "
-                          f"stages.lab --lab {name})")
+                          f"stages.lab {how} --seed {seed})")
     out = {}
     for label, d in zip(checkpoints, dirs):
         model, chat, _ = load_policy(replace(run, model=str(d)), seed, d, device)
@@ -161,24 +162,23 @@ def probe_checkpoints(name: str, checkpoints: list[str], log=print) -> dict:
         out[label] = {split: op_probe(model, chat, contexts[split]) for split in SPLITS}
         log(f"{label}: " + "; ".join(f"{s} p_oracle {out[label][s]['p_oracle']:.3f}, information "
                                      f"{out[label][s]['information']:.3f}" for s in SPLITS))
-    previous = json.loads((PROBE_DIR / f"{name}.json").read_text()).get("checkpoints", {}) \
-        if (PROBE_DIR / f"{name}.json").is_file() else {}
+    previous = json.loads(probe_path(inst).read_text()).get("checkpoints", {}) if probe_path(inst).is_file() else {}
     both = {**previous, **out}
-    record(name, "checkpoints", both)
+    record(inst, "checkpoints", both)
     if {"cold_start", "final"} <= set(both):   # what GRPO did to the choice, on the same contexts
         grpo = {split: change(both["cold_start"][split], both["final"][split], seed) for split in SPLITS}
-        record(name, "grpo_change", grpo)
+        record(inst, "grpo_change", grpo)
         log("GRPO's change in p_oracle: " + "; ".join(f"{s} {grpo[s]['mean']:+.3f} [{grpo[s]['lo']:+.3f}, "
                                                     f"{grpo[s]['hi']:+.3f}]" for s in SPLITS))
     return out
 
 
-def clone_curve(name: str, every: int, steps: int, log=print) -> list[dict]:
+def clone_curve(params: dict, inst, every: int, steps: int, log=print) -> list[dict]:
     """The lab's cold start rerun to `steps` cloning steps (the same demonstrations, stream and optimizer; its first
     clone_steps equal the lab's), probed every `every` steps; recorded under `clone_curve`."""
     from agentrl.labs.recipe import demonstrations, env_factory_for, load_policy
     from agentrl.starting.chat import clone
-    run, seed, device = _lab(name)
+    run, seed, device = _lab(inst, params)
     model, chat, _ = load_policy(run, seed, Path("data/labs/cells/small-model"), device)
     contexts = probe_contexts(chat, env_factory_for(run, evaluation=True), seed)
     g = stream_generator(seed, "lab", "cold_start")
@@ -194,13 +194,13 @@ def clone_curve(name: str, every: int, steps: int, log=print) -> list[dict]:
                 f"{s} p_oracle {row[s]['p_oracle']:.3f}, entropy {row[s]['entropy']:.3f}" for s in SPLITS))
 
     clone(model, demos, chat, steps, run.clone_lr, run.clone_batch, g, on_step=on_step)
-    record(name, "clone_curve", {"config": run.to_dict(), "every": every, "steps": steps, "rows": rows})
+    record(inst, "clone_curve", {"config": run.to_dict(), "every": every, "steps": steps, "rows": rows})
     return rows
 
 
-def table(name: str) -> str:
+def table(inst) -> str:
     """The lab's probes as markdown: the clone curve, then the checkpoints."""
-    path = PROBE_DIR / f"{name}.json"
+    path = probe_path(inst)
     if not path.is_file():
         raise ConfigError(f"opprobe --table: {path} does not exist yet (probe a checkpoint or run --clone-curve)")
     data = json.loads(path.read_text())

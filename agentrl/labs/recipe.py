@@ -11,8 +11,8 @@ lab (the generic coding tools of agentrl.env.coding, model-written code graded i
     evaluate   held-out pass after, paired with before per task (agentrl.eval.stats)
     report     agentrl.labs.report: reports/labs/menu.{json,md}
 
-Every tensor and the model live on lab.device; every random stream is a generator derived from the lab's seed (its
-`seed`, else run.seed).
+Every tensor and the model live on lab.device; every random stream is a generator derived from the lab's seed (the
+instance's, agentrl.labs.instance).
 """
 from __future__ import annotations
 
@@ -97,13 +97,12 @@ def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
     return model.to(device), chat, str(model_dir)
 
 
-def rl_config(rl, run):
-    """The project's GRPO config with the lab's knobs and its `rl` overrides."""
+def rl_config(rl, run, seed: int):
+    """The project's GRPO config with the lab's knobs, its `rl` overrides and its seed."""
     cfg = replace(rl, **run.rl)
     return replace(cfg, lr=run.lr, tasks_per_step=run.tasks_per_step, group_size=run.episodes_per_task,
                    max_call_tokens=run.new_tokens, minibatches=min(cfg.minibatches, run.tasks_per_step),
-                   microbatches=run.microbatches, max_turns=run.max_turns,
-                   seed=cfg.seed if run.seed is None else run.seed)
+                   microbatches=run.microbatches, max_turns=run.max_turns, seed=seed)
 
 
 def held_out(model, tasks, chat, run, cfg, env_factory, seed: int, label: str, batch: int) -> dict:
@@ -221,22 +220,14 @@ def progress_key(resume_key: str, model) -> str:
     return hashlib.sha256(f"{resume_key}:{weights_digest(model)}".encode()).hexdigest()[:16]
 
 
-def lab_seed(run, params: dict) -> int:
-    """The seed every random stream of a lab derives from: the lab's own, else run.seed."""
-    return params["run"].seed if run.seed is None else run.seed
-
-
-def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(), clock=None,
-            past_gates: bool = False, resume_key: str | None = None) -> dict:
-    """The whole lab lab.configs.<name> -> the report's record; writes checkpoints under out_dir and, when its model
-    is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it before GRPO
-    (the record says why, under `stopped`) unless past_gates. With a resume_key (the stage's fingerprint) every
-    finished phase and GRPO step is kept under out_dir/progress and a lab killed part-way goes on from there
+def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
+            clock=None, past_gates: bool = False, resume_key: str | None = None) -> dict:
+    """The lab `name` (its LabRun `run`) at `seed` -> the report's record; writes checkpoints under out_dir and, when
+    its model is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it
+    before GRPO (the record says why, under `stopped`) unless past_gates. With a resume_key (the stage's fingerprint)
+    every finished phase and GRPO step is kept under out_dir/progress and a lab killed part-way goes on from there
     (agentrl.labs.progress)."""
-    from agentrl.core.config import lab_run
     lab, rl = params["lab"], params["rl"]
-    run = lab_run(name, lab.configs[name])
-    seed = lab_seed(run, params)
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
     check_dtype(run.dtype, lab.device, f"LabConfig.configs.{name}.dtype")
@@ -266,7 +257,7 @@ def run_lab(name: str, params: dict, out_dir: Path, small_model_dir: Path, log=p
                        f"GRPO step {kept_grpo[1]['step']}" if left == "grpo" and kept_grpo else left or "the record")
         train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
         env_factory, eval_factory = env_factory_for(run, clock), env_factory_for(run, clock, evaluation=True)
-        cfg = rl_config(rl, run)
+        cfg = rl_config(rl, run, seed)
         evaluations = {}
         from agentrl.backends.hf import save_model
         if run.model:   # a pretrained model as it is: the column before any training

@@ -1,4 +1,4 @@
-"""A lab's record -> its report's numbers and markdown (reports/labs/<lab>.{json,md}).
+"""A lab's record -> its report's numbers and markdown (reports/labs/<lab>/seed<N>.{json,md}).
 
 Held-out pass rates are per task then averaged, with a task-bootstrap interval; each gain is the paired bootstrap
 difference between two evaluations over the same tasks (agentrl.eval.stats). Columns: the model as it is (a
@@ -248,8 +248,9 @@ def preflight_lines(gate: dict, dtype: str = "fp32") -> list[str]:
     return out + ([f"- errors: {gate['errors']}"] if gate["errors"] else [])
 
 
-def comparison_table(labs: dict) -> list[str]:
-    """The committed labs' numbers ({name: numbers}) beside the book's Qwen3-0.6B run, on the same statistics."""
+def comparison_table(labs: list[tuple[str, dict]], book: bool = False) -> list[str]:
+    """Labs' numbers, one row each ((label, numbers)), beside the book's Qwen3-0.6B run when `book`, on the same
+    statistics."""
     def gain(n):
         if "gain" not in n["held_out"]:
             return "GRPO did not run"
@@ -261,12 +262,14 @@ def comparison_table(labs: dict) -> list[str]:
         return interval(n["held_out"]["after"]) if n["weights_changed"] else "(= after the cold start)"
     out = ["| run | model | as it is | after the cold start | after GRPO | GRPO's paired gain | malformed calls per "
            "episode (cold start -> GRPO) | entropy (first -> last step) | zero-advantage share |",
-           "|---|---|---|---|---|---|---|---|---|",
-           f"| the book, section 19.7 | Qwen3-0.6B | n/a | {BOOK_QWEN3_06B['before']} | {BOOK_QWEN3_06B['after']} | "
-           f"{BOOK_QWEN3_06B['gain']} | {BOOK_QWEN3_06B['malformed']} | {BOOK_QWEN3_06B['entropy']} | n/a |"]
-    for name, n in sorted(labs.items()):
+           "|---|---|---|---|---|---|---|---|---|"]
+    if book:
+        out.append(f"| the book, section 19.7 | Qwen3-0.6B | n/a | {BOOK_QWEN3_06B['before']} | "
+                   f"{BOOK_QWEN3_06B['after']} | {BOOK_QWEN3_06B['gain']} | {BOOK_QWEN3_06B['malformed']} | "
+                   f"{BOOK_QWEN3_06B['entropy']} | n/a |")
+    for name, n in labs:
         h, t = n["held_out"], n["training"]
-        out.append(f"| `{name}` | {n['model']} | {interval(h['pretrained']) if 'pretrained' in h else 'n/a'} | "
+        out.append(f"| {name} | {n['model']} | {interval(h['pretrained']) if 'pretrained' in h else 'n/a'} | "
                    f"{interval(h['before'])} | {after(n)} | {gain(n)} | {fmt(n['before']['malformed'], 2)} -> "
                    f"{fmt(n.get('after', {}).get('malformed'), 2)} | {steps_text(t['entropy_per_step'][:1])} -> "
                    f"{steps_text(t['entropy_per_step'][-1:])} | {fmt(t['zero_adv_share'])} |")
@@ -332,8 +335,8 @@ def lab_report(record: dict) -> tuple[dict, str]:
                                                                                "scripted-expert conversations")
     cpu = record.get("cpu") or {}
     rl = record.get("rl") or {}
-    md = [f"# Lab `{record['lab']}`: the recipe on {record['model']} ({env} environment)", "", *gate_lines(record),
-          f"**{label}**", "",
+    md = [f"# Lab `{record['lab']}` seed {seed}: the recipe on {record['model']} ({env} environment)", "",
+          *gate_lines(record), f"**{label}**", "",
           f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
           f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}; "
           f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}"

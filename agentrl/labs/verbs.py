@@ -14,7 +14,7 @@ def add_lab_verbs(sub, int_at_least):
     lc.add_argument("--threads", type=int_at_least(1), default=2)
     lc.add_argument("--json", action="store_true", help="the result as one JSON line")
     cells = sub.add_parser("labcells", help="a lab's cold starts and GRPO updates, cell by cell (docs/labs.md)")
-    cells.add_argument("--lab", required=True, help="a name of lab.configs")
+    add_recipe_flags(cells, int_at_least)
     cells.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a LabRun key or rl.<key> changed in every cell")
     cells.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -24,15 +24,22 @@ def add_lab_verbs(sub, int_at_least):
     cells.add_argument("--table", action="store_true", help="print the lab's cells so far and stop")
     op = sub.add_parser("opprobe", help="which repair a menu lab's policy would choose after reading each source, "
                                         "teacher-forced: p(oracle op), op entropy, information (docs/labs.md)")
-    op.add_argument("--lab", required=True, help="a name of lab.configs (the gym environment)")
+    add_recipe_flags(op, int_at_least)
     op.add_argument("--checkpoint", action="append", default=[], choices=["cold_start", "final"],
-                    help="probe the lab's saved checkpoint data/labs/<lab>/<checkpoint> (repeatable)")
+                    help="probe the lab's saved checkpoint data/labs/<lab>/seed<N>/<checkpoint> (repeatable)")
     op.add_argument("--clone-curve", type=int_at_least(1), metavar="STEPS",
                     help="rerun the lab's cold start to STEPS cloning steps, probing every --every steps")
     op.add_argument("--every", type=int_at_least(1), default=32, help="cloning steps between probes")
     op.add_argument("--threads", type=int_at_least(1), default=2)
     op.add_argument("--table", action="store_true", help="print the lab's probes so far and stop")
     return lc
+
+
+def add_recipe_flags(parser, int_at_least) -> None:
+    """--lab NAME or --config FILE, and --seed: which recipe at which seed (agentrl.labs.instance)."""
+    parser.add_argument("--lab", help="an entry of lab.configs")
+    parser.add_argument("--config", help="an explored recipe's reports/labs/explored/<recipe>/config.yaml")
+    parser.add_argument("--seed", type=int_at_least(0), help="the lab's seed (default 0)")
 
 
 def cmd_labcheck(args, set_threads) -> int:
@@ -56,17 +63,21 @@ def cmd_labcheck(args, set_threads) -> int:
 def cmd_labcells(args, set_threads) -> int:
     """Cold starts and GRPO updates side by side at a fraction of a lab's cost (agentrl.labs.cells)."""
     from agentrl.labs.cells import labcells, table
+    from agentrl.labs.instance import load_named
+    params, inst = load_named(args.lab, args.config, args.seed)
     if not args.table:
         set_threads(args.threads)
-        labcells(args.lab, args.set, args.grid, args.steps)
-    print(table(args.lab))
+        labcells(params, inst, args.set, args.grid, args.steps)
+    print(table(inst))
     return 0
 
 
 def cmd_opprobe(args, set_threads) -> int:
     """Which op the policy would choose after reading each source, teacher-forced (agentrl.labs.probe)."""
     from agentrl.core.config import ConfigError
+    from agentrl.labs.instance import load_named
     from agentrl.labs.probe import clone_curve, probe_checkpoints, table
+    params, inst = load_named(args.lab, args.config, args.seed)
     if not args.table:
         if not args.checkpoint and not args.clone_curve:
             raise ConfigError("opprobe: name a --checkpoint, --clone-curve or --table")
@@ -74,10 +85,10 @@ def cmd_opprobe(args, set_threads) -> int:
             raise ConfigError(f"opprobe: --every ({args.every}) must be at most --clone-curve ({args.clone_curve})")
         set_threads(args.threads)
         if args.clone_curve:
-            clone_curve(args.lab, args.every, args.clone_curve)
+            clone_curve(params, inst, args.every, args.clone_curve)
         if args.checkpoint:
-            probe_checkpoints(args.lab, args.checkpoint)
-    print(table(args.lab))
+            probe_checkpoints(params, inst, args.checkpoint)
+    print(table(inst))
     return 0
 
 

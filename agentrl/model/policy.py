@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from agentrl.model.block import Block, decode_mismatch, tensors
+from agentrl.model.block import Block, check, decode_step, tensors
 from agentrl.model.cache import Chunk, KVCache
 from agentrl.model.kernels.ops import exp
 from agentrl.model.kernels.registry import KERNELS
@@ -85,17 +85,20 @@ class TinyAgent(nn.Module):
                 p.normal_(0.0, std, generator=generator)
 
     def use_kernels(self, name: str) -> TinyAgent:
-        """Run on another kernel set (agentrl.model.kernels.KERNELS); the weights are unchanged. Whether its decode
-        step can run this model's block is decided here, at start-up (agentrl.model.block.decode_mismatch)."""
+        """Run on another kernel set (agentrl.model.kernels.KERNELS); the weights are unchanged. Decided here, at
+        start-up: that the kernels compute every module the blocks declare (agentrl.model.block.check: else one
+        line), and whether the set's decode step can run them (agentrl.model.block.decode_mismatch)."""
         self.kernels = KERNELS[name]
+        for block in self.blocks:
+            check(block, self.kernels)
         self.decode_step()
         return self
 
     def decode_step(self):
-        """The kernel set's one-call decode step, or None where it has none or cannot run this block."""
+        """The kernel set's one-call decode step (each layer's activation bound), or None where it has none or
+        cannot run these blocks."""
         if getattr(self, "_decode", (None,))[0] is not self.kernels:   # decided once per kernel set
-            runs = self.kernels.decode is not None and decode_mismatch(self.blocks[0], self.kernels) is None
-            self._decode = (self.kernels, self.kernels.decode if runs else None)
+            self._decode = (self.kernels, decode_step(self.blocks, self.kernels, self.ln_f.eps))
         return self._decode[1]
 
     def num_params(self) -> int:

@@ -18,13 +18,15 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
 from agentrl.core.boundary import end_quietly_on_signals, guard
 from agentrl.core.config import SECTIONS, load_params, read_params_file
 from agentrl.core.knobs import registries_deferred
-from agentrl.core.numerics import NUMERICS_MODES, pin, running_stage, stage_mode
+from agentrl.core.lab_config import instance_spec, stage_mode
+from agentrl.core.numerics import NUMERICS_MODES, pin, running_stage
 from agentrl.pipeline.restore import restore_outputs
 from agentrl.tracking.deferred import DEFER_ENV
 from agentrl.tracking.store import probe, tracking_uri
@@ -68,11 +70,13 @@ def _check(stage: str, instance: str | None, path: str) -> None:
         if mode in NUMERICS_MODES:   # a stage without tensor work may leave run invalid: it does not read it
             pin(mode)
         load_params(wanted, path)
-    spec = ((raw.get("lab") or {}).get("configs") or {}).get(instance) if stage == "lab" and instance else None
+    spec = instance_spec(raw.get("lab"), instance) if stage == "lab" else None
     if isinstance(spec, dict) and isinstance(spec.get("model"), str):   # a lab's model directory, before torch
         # imported by name: only the lab stage runs this, and its code deps hold the module (through the hf backend)
         model_dir = importlib.import_module("agentrl.backends.model_dir")
-        model_dir.check_model_dir(spec["model"], f"lab.configs.{instance}.model")
+        where = instance[len("file:"):] if instance.startswith("file:") else \
+            f"lab.configs.{re.sub(r'-[0-9]+$', '', instance)}"
+        model_dir.check_model_dir(spec["model"], f"{where}.model")
     if not os.environ.get(DEFER_ENV):   # the tracking store, as run_stage will probe it (no MLflow import)
         probe(tracking_uri())
 

@@ -57,14 +57,15 @@ def read_keys(values: dict, keys: list[str]) -> dict:
 
 def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool = True,
               params_path: str = "params.yaml", only: dict | None = None, sources: dict | None = None,
-              numerics: str | None = None) -> None:
+              numerics: str | None = None, extra: dict | None = None) -> None:
     """Validate, set threads, open the stage's MLflow run, call body(ctx). `only` restricts which keys of a section
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
     generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). `sources` says where
     inputs came from (input -> package, version, hashes), recorded in provenance and MLflow. `numerics`: the mode
-    this stage runs under when it is not run.numerics (a lab's own; agentrl.core.numerics.stage_mode). Returns on
-    success; raises SystemExit with the boundary's exit code otherwise."""
-    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources, numerics)
+    this stage runs under when it is not run.numerics (a lab's own; agentrl.core.lab_config.stage_mode). `extra`: what
+    the stage read beyond its sections' keys, by section (a lab's seed and its config with its base resolved), logged
+    and hashed with them. Returns on success; raises SystemExit with the boundary's exit code otherwise."""
+    entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources, numerics, extra)
 
 
 def entry(name: str, fn, *args) -> None:
@@ -77,7 +78,8 @@ def entry(name: str, fn, *args) -> None:
         sys.exit(code)
 
 
-def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None, numerics=None) -> None:
+def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None, numerics=None,
+               extra=None) -> None:
     from agentrl.core.config import load_params
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
     params = load_params(wanted, params_path)
@@ -93,6 +95,8 @@ def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources
     logged = {s: section_values(s, p) for s, p in params.items()}
     for section, keys in (only or {}).items():
         logged[section] = read_keys(logged[section], keys)
+    for section, values in (extra or {}).items():
+        logged[section] = {**logged[section], **values}
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
     with stage_lock(name), stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads,
                                      machine=machine, sources=sources) as run:

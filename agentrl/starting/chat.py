@@ -1,12 +1,13 @@
-"""The labs' cold start: the scripted expert's conversations rendered through Qwen3's chat template, behaviour-cloned.
+"""The labs' cold start: the scripted expert's conversations rendered through the model's own chat template (Qwen3's,
+SmolLM2's ChatML), behaviour-cloned.
 
-A random-init model cannot call a tool, so, as TinyAgent's start, it first clones a scripted expert. The expert
-(agentrl.env.gym.callers.ExpertCaller: read, edit with the keyword rule's op, test, submit) is played through the real
-gym; each of its calls becomes the ids a well-formed turn has (`<tool_call>...</tool_call><|im_end|>`, the chat
-format's `turn_ids`) and each observation the template's tool-response block (`reply`), so the demonstration is
-exactly the token sequence the policy would have produced and read: prompt, policy turns and environment blocks,
-appended, never re-rendered. Cloning is the project's hard-target SFT (agentrl.starting.tinyagent.train_sft) through the
-backend interface.
+A model that has not seen these tools cannot call them, so, as TinyAgent's start, it first clones a scripted expert.
+The expert (agentrl.env.gym.callers.ExpertCaller: read, edit with the keyword rule's op, test, submit) is played
+through the real gym; each of its calls becomes the ids a well-formed turn has
+(`<tool_call>...</tool_call><|im_end|>`, the chat format's `turn_ids`) and each observation the template's
+tool-response block (`reply`), so the demonstration is exactly the token sequence the policy would have produced and
+read: prompt, policy turns and environment blocks, appended, never re-rendered. Cloning is the project's hard-target
+SFT (agentrl.starting.tinyagent.train_sft) through the backend interface.
 """
 from __future__ import annotations
 

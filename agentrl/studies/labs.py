@@ -1,12 +1,17 @@
-"""`python -m agentrl study labs`: the committed lab reports (reports/labs/<lab>.json) side by side with the book's
-Qwen3-0.6B run on the same statistics -> reports/labs/comparison.{json,md}."""
+"""`python -m agentrl study labs`: the lab reports side by side with the book's Qwen3-0.6B run on the same statistics,
+the committed recipes first (reports/labs/<recipe>/seed<N>.json), then the explored ones (reports/labs/explored/,
+and runs made outside DVC, reports/labs/direct/), each recipe's seeds pooled -> reports/labs/comparison.{json,md}."""
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 from agentrl.core.artifacts import REPORTS, read_json, write_json
 
 REQUIRED = ("model", "parameters", "weights_changed", "held_out", "training", "before")
+SEED_REPORT = re.compile(r"seed([0-9]+)\.json")
+KEEP = ("model", "parameters", "weights_changed", "held_out", "training")
 
 
 def current(numbers: dict) -> bool:
@@ -14,37 +19,74 @@ def current(numbers: dict) -> bool:
     return set(REQUIRED) <= set(numbers) and ("after" in numbers or bool(numbers.get("stopped")))
 
 
+def recipes_in(directory: Path) -> dict:
+    """{recipe: {seed: numbers}} of the recipes' directories under `directory` (<recipe>/seed<N>.json)."""
+    out: dict = {}
+    for path in sorted(directory.glob("*/seed*.json")):
+        match = SEED_REPORT.fullmatch(path.name)
+        if match and path.parent.name not in ("explored", "direct"):
+            out.setdefault(path.parent.name, {})[int(match.group(1))] = read_json(path)
+    return out
+
+
+def rows(recipes: dict) -> list[tuple[str, dict]]:
+    """(label, numbers) of each seed's report, by recipe then seed."""
+    return [(f"`{name}` seed {seed}", by_seed[seed]) for name, by_seed in sorted(recipes.items())
+            for seed in sorted(by_seed)]
+
+
+def split_current(recipes: dict) -> tuple[dict, list[str]]:
+    """(the recipes' current reports, the labels of the reports that predate this format)."""
+    keep, older = {}, []
+    for name, by_seed in recipes.items():
+        for seed, numbers in by_seed.items():
+            if current(numbers):
+                keep.setdefault(name, {})[seed] = numbers
+            else:
+                older.append(f"{name}/seed{seed}")
+    return keep, sorted(older)
+
+
 def comparison() -> int:
     from agentrl.core.artifacts import write_text
     from agentrl.labs.report import BOOK_QWEN3_06B, comparison_table
     from agentrl.labs.seeds import seeds_tables
-    paths = sorted(p for p in (REPORTS / "labs").glob("*.json") if p.stem != "comparison")
-    if not paths:
-        print("error: no lab reports in reports/labs/; run a lab first (docs/labs.md)", file=sys.stderr)
-        return 2
-    runs = {p.stem: read_json(p) for p in paths}
-    for p in sorted((REPORTS / "labs" / "direct").glob("*.json")):   # labs run outside DVC (agentrl.labs.direct)
+    labs = REPORTS / "labs"
+    committed, older = split_current(recipes_in(labs))
+    explored, older_explored = split_current(recipes_in(labs / "explored"))
+    direct = {}
+    for p in sorted((labs / "direct").glob("*.json")):   # labs run outside DVC (agentrl.labs.direct)
         numbers = read_json(p)
-        if "held_out" in numbers:   # a lab's report, not a labcheck verdict
-            runs[f"direct/{p.stem}"] = numbers
-    older = sorted(n for n, r in runs.items() if not current(r))   # made before this report format
-    runs = {n: r for n, r in runs.items() if n not in older}
-    table = comparison_table(runs)
-    pooled, seeds_md = seeds_tables(runs)
+        if "held_out" in numbers and current(numbers):   # a lab's report, not a labcheck verdict
+            direct[f"direct/{p.stem}"] = numbers
+    if not committed and not explored:
+        print("error: no lab reports in reports/labs/<recipe>/; run a lab first (docs/labs.md)", file=sys.stderr)
+        return 2
+    table = comparison_table(rows(committed), book=True)
+    pooled, seeds_md = seeds_tables(committed)
+    explored_table = comparison_table(rows(explored) + [(f"`{n}`", r) for n, r in sorted(direct.items())])
+    explored_pooled, explored_seeds_md = seeds_tables(explored, "reports/labs/explored")
+    older += [f"explored/{n}" for n in older_explored]
     if older:
-        table += ["", f"Not in the table (their reports predate this format; rerun the lab to compare): "
-                      f"{', '.join(f'`{n}`' for n in older)}."]
-    keep = ("model", "parameters", "weights_changed", "held_out", "training")
-    write_json(REPORTS / "labs" / "comparison.json",
-               {"book_qwen3_0_6b": BOOK_QWEN3_06B, "labs": {n: {k: r[k] for k in keep} for n, r in runs.items()},
-                "not_compared": older, "seeds": pooled})
+        explored_table += ["", f"Not in the tables (their reports predate this format; rerun the lab to compare): "
+                               f"{', '.join(f'`{n}`' for n in older)}."]
+    pick = lambda recipes: {n: {s: {k: r[k] for k in KEEP} for s, r in by.items()} for n, by in recipes.items()}
+    write_json(labs / "comparison.json",
+               {"book_qwen3_0_6b": BOOK_QWEN3_06B, "recipes": pick(committed), "seeds": pooled,
+                "explored": pick(explored), "explored_seeds": explored_pooled,
+                "direct": {n: {k: r[k] for k in KEEP} for n, r in direct.items()}, "not_compared": older})
     md = ["# The labs side by side", "",
-          "Generated by `python -m agentrl study labs` from `reports/labs/<lab>.json`. Held-out pass rates: per-task "
-          "means with a 95% task-bootstrap interval; each gain the paired bootstrap difference over the same tasks. "
-          "The book's row is its section 19.7 run on Qwen3-0.6B (reference figures, not ours).", "", *table,
-          *(["", "## One config at several seeds", "",
-             "Labs whose configs differ only in `seed`. Pooled: each held-out task's pass rate averaged over the "
-             "seeds, then the same task bootstrap (agentrl/labs/seeds.py)."] if seeds_md else []), *seeds_md, ""]
-    write_text(REPORTS / "labs" / "comparison.md", "\n".join(md))
+          "Generated by `python -m agentrl study labs` from `reports/labs/<recipe>/seed<N>.json`. Held-out pass rates: "
+          "per-task means with a 95% task-bootstrap interval; each gain the paired bootstrap difference over the same "
+          "tasks. The book's row is its section 19.7 run on Qwen3-0.6B (reference figures, not ours).", "",
+          "## The committed recipes", "", "The recipes of `lab.configs` in params.yaml (docs/labs.md).", "", *table,
+          *(["", "### Seeds pooled", "",
+             "Pooled: each held-out task's pass rate averaged over the recipe's seeds, then the same task bootstrap "
+             "(agentrl/labs/seeds.py)."] if seeds_md else []), *seeds_md, "",
+          "## Explored recipes", "",
+          "The recipes tried while the committed ones were found, kept as history under `reports/labs/explored/` "
+          "(each with its config and the commit it ran at; docs/labs_research.md says why each was tried), and labs "
+          "run outside DVC (`reports/labs/direct/`).", "", *explored_table, *explored_seeds_md, ""]
+    write_text(labs / "comparison.md", "\n".join(md))
     print("\n".join(table + seeds_md))
     return 0

@@ -1,9 +1,12 @@
 """`audit` of a number no dvc.lock entry covers: an output of a stage run outside `dvc repro` (a lab, `python -m
-stages.lab --lab smollm2`; any matrix instance run by hand), traced through the provenance record that stage run
-wrote (reports/provenance/<stage>@<instance>.json): its params (a lab's config entry) and their hash, its code
-closure and code hash, the model directory it loaded with that directory's source hashes, the commit, machine,
-dtype and MLflow run; and whether the record's inputs still match this tree: the params in params.yaml, the bytes
-of every code file (the ones changed since the record's commit named), the inputs it hashed, the model directory.
+stages.lab --lab smollm2 --seed 3`; an explored recipe's lab; any matrix instance run by hand), traced through the
+provenance record that stage run wrote (reports/provenance/<stage>@<instance>.json): its params (a lab's resolved
+config and seed) and their hash, its code closure and code hash, the model directory it loaded with that directory's
+source hashes, the commit, machine, dtype and MLflow run; and whether the record's inputs still match this tree: the
+params in params.yaml (a lab's config resolved through its base, or read from its config file), the bytes of every
+code file (the ones changed since the record's commit named), the inputs it hashed, the model directory. A record
+whose report moved (a recipe's seed renamed from its own config, an explored recipe moved to
+reports/labs/explored/) says so under `moved`, and is compared under the name it has now.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from agentrl.tracking.provenance import _git, code_hash, file_hash, flatten_para
 from agentrl.tracking.records import record_path
 
 RECORD_SHAPE = {"stage": str, "params": dict, "code_files": [str], "code_hash": str, "mlflow": {"run_id": str}}
+EXPLORED_REPORT = re.compile(r"reports/labs/explored/([A-Za-z0-9_]+)/seed([0-9]+)\.json")
 SOURCE_FILE = "agentrl_source.json"   # agentrl.backends.pretrained: where a converted model came from
 
 
@@ -32,6 +36,13 @@ def outside_stage(file: str, root: Path) -> tuple[str, str, dict] | None:
     """(stage instance, cmd, provenance record) of the dvc.yaml stage whose outputs name `file`, when its record
     exists: a matrix output such as reports/labs/${item.lab}.json gives the instance lab@<lab>."""
     import yaml
+    explored = EXPLORED_REPORT.fullmatch(file)   # an explored recipe's lab (agentrl.labs.instance), run by hand
+    if explored:
+        instance = f"lab@explored.{explored.group(1)}-{explored.group(2)}"
+        record = _read_json(record_path(instance, root))
+        if record is not None and shape_problem(record, RECORD_SHAPE) is None:
+            return instance, f"python -m stages.lab --config reports/labs/explored/{explored.group(1)}/config.yaml " \
+                             f"--seed {explored.group(2)}", record
     try:
         graph = yaml.safe_load(files.read_text(root / "dvc.yaml", files.MAX_TEXT_BYTES, "dvc.yaml")) or {}
     except (OSError, ValueError, yaml.YAMLError):
@@ -55,6 +66,48 @@ def outside_stage(file: str, root: Path) -> tuple[str, str, dict] | None:
     return None
 
 
+def recorded_params(record: dict) -> dict:
+    """The record's params under the names they have now: a moved lab record's `lab.configs.<old>.` keys become
+    its recipe's, and its config's `seed` becomes `lab.seed`."""
+    moved = record.get("moved")
+    params = dict(record["params"])
+    if not isinstance(moved, dict) or not isinstance(moved.get("config"), str):
+        return params
+    old, new = f"lab.configs.{moved['config']}.", f"lab.configs.{moved['recipe']}."
+    out = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in params.items()}
+    out.pop(f"{new}seed", None)
+    out["lab.seed"] = moved["seed"]
+    if moved.get("config_file"):
+        out["lab.config_file"] = moved["config_file"]
+    return out
+
+
+def _lab_now(recorded: dict, raw: dict, root: Path) -> tuple[dict, str | None]:
+    """A lab record's lab keys as this tree has them: the shared settings, the seed (the instance's own), and the
+    config resolved through its base in params.yaml, or read from the config file the record names."""
+    from agentrl.core.knobs import ConfigError
+    from agentrl.core.lab_config import LAB_CONFIGS, read_config_file, resolve, resolve_spec
+    lab = raw.get("lab") if isinstance(raw.get("lab"), dict) else {}
+    configs = lab.get("configs", LAB_CONFIGS)
+    names = {k.split(".")[2] for k in recorded if k.startswith("lab.configs.") and k.count(".") >= 3}
+    now = {"lab.device": lab.get("device", "cpu"), "lab.eval_batch": lab.get("eval_batch", 40)}
+    for key in ("lab.seed", "lab.config_file"):
+        if key in recorded:
+            now[key] = recorded[key]
+    for name in names:
+        try:
+            if "lab.config_file" in recorded:
+                spec = resolve_spec(read_config_file(root / recorded["lab.config_file"]), configs,
+                                    recorded["lab.config_file"], strict=False)
+            else:
+                spec = resolve(configs, name, "lab.configs", strict=False) if name in configs else None
+        except ConfigError as exc:
+            return now, str(exc)[:200]
+        if spec is not None:
+            now.update(flatten_params({"lab": {"configs": {name: spec}}}))
+    return now, None
+
+
 def _current_params(recorded: dict, root: Path) -> tuple[dict, str | None]:
     """params.yaml's values (each section's defaults under what the file sets) for the keys the record holds and
     any new key beside them, or why the file cannot be read. Values are compared, not validated: a refused value
@@ -67,7 +120,8 @@ def _current_params(recorded: dict, root: Path) -> tuple[dict, str | None]:
     except (UserError, OSError) as exc:
         return {}, str(exc).splitlines()[0][:200]
     values = {}
-    for section in sorted({k.split(".", 1)[0] for k in recorded} & set(SECTIONS)):
+    lab_record = any(k.startswith("lab.configs.") for k in recorded)
+    for section in sorted({k.split(".", 1)[0] for k in recorded} & set(SECTIONS) - ({"lab"} if lab_record else set())):
         defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                     for f in dataclasses.fields(SECTIONS[section])
                     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
@@ -76,8 +130,14 @@ def _current_params(recorded: dict, root: Path) -> tuple[dict, str | None]:
         if section == "rl":
             values[section].pop("seed", None)   # run.seed is the stage's seed
     now = flatten_params(values)
+    if lab_record:
+        lab_now, problem = _lab_now(recorded, raw, root)
+        if problem:
+            return {}, problem
+        now.update(lab_now)
     parents = {k.rsplit(".", 1)[0] + "." for k in recorded if k.count(".") >= 3}   # an entry: lab.configs.<lab>.
-    return {k: v for k, v in now.items() if k in recorded or k.rsplit(".", 1)[0] + "." in parents}, None
+    return {k: v for k, v in now.items() if k in recorded or k.rsplit(".", 1)[0] + "." in parents
+            or k.startswith("lab.configs.")}, None
 
 
 def _model_dir(params: dict, root: Path) -> dict | None:
@@ -100,7 +160,7 @@ def _model_dir(params: dict, root: Path) -> dict | None:
 def _mismatches(record: dict, root: Path, model: dict | None) -> list[str]:
     """What in this tree differs from what the record says produced the number."""
     out = []
-    recorded = {k: v for k, v in record["params"].items()}
+    recorded = recorded_params(record)
     now, problem = _current_params(recorded, root)
     if problem:
         out.append(f"params.yaml: {problem}")
@@ -141,7 +201,7 @@ def _mismatches(record: dict, root: Path, model: dict | None) -> list[str]:
 def audit_outside(spec: str, file: str, dotted: str, value, instance: str, cmd: str, record: dict, root: Path,
                   fetch_run) -> dict:
     """The audit of `value` (see the module doc); `fetch_run(run_id)` looks the MLflow run up."""
-    model = _model_dir(record["params"], root)
+    model = _model_dir(recorded_params(record), root)
     reasons = _mismatches(record, root, model)
     dtype = next((v for k, v in sorted(record["params"].items()) if k.endswith(".dtype")), None) or \
         ((model or {}).get("source") or {}).get("dtype")
@@ -158,6 +218,10 @@ def format_outside(result: dict, short) -> str:
     lines = [f"{result['file']}:{result['path']} = {short(result['value'])}",
              f"  stage        : {result['stage']}   ({result['cmd']}), run outside `dvc repro`: dvc.lock holds no "
              f"entry for it, so this is traced through its provenance record {result['record_file']}"]
+    moved = rec.get("moved")
+    if isinstance(moved, dict):
+        lines.append(f"  moved        : ran as {moved.get('stage')} (report {moved.get('report')}), moved since: "
+                     f"{moved.get('why', '')}")
     lines.append(format_run(run, rec["mlflow"]["run_id"]))
     lines.append(f"  started      : {rec.get('started', '-')}, {rec.get('wall_seconds', '-')} s wall")
     lines.append(f"  machine      : {format_machine(rec.get('machine'))}")

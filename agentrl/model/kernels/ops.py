@@ -6,12 +6,13 @@
                        the plain implementation, kept as the baseline `bench` measures against and as an independent
                        check of the fixed kernels (tests/test_kernels.py)
 
-A kernel set has: linear(x, weight, bias), gelu(x), attention(q, k, v, starts) over packed rows (q, k, v [N, H, Dh];
-row b is tokens starts[b]..starts[b+1]-1, causal within the row) and attention_cached(q, row, slot, keys, values,
-valid) over a KV cache (agentrl.model.cache), and optionally decode(...): the sampler's pass through every block in
-one call, with decode_layout(): the block it runs, tensor by tensor (agentrl.model.block holds a model's block
-against it). `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor
-(PyTorch's otherwise): MKL computes torch.exp and torch.sqrt with code that depends on the CPU.
+A kernel set has: linear(x, weight, bias), gelu(x), relu(x), attention(q, k, v, starts) over packed rows (q, k, v
+[N, H, Dh]; row b is tokens starts[b]..starts[b+1]-1, causal within the row) and attention_cached(q, row, slot, keys,
+values, valid) over a KV cache (agentrl.model.cache), and optionally decode(...): the sampler's pass through every
+block in one call, with decode_layout(), the block it runs tensor by tensor, and decode_activation(), the block's
+module without tensors and the activations decode computes there (agentrl.model.block holds a model's block against
+both). `exp` and `sqrt` below are the fixed kernels for any float32 CPU tensor (PyTorch's otherwise): MKL computes
+torch.exp and torch.sqrt with code that depends on the CPU.
 """
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ class _Gelu(torch.autograd.Function):
 def fixed_gelu(x: torch.Tensor) -> torch.Tensor:
     """x Phi(x) (the erf form of GELU)."""
     return _Gelu.apply(x)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """max(x, 0): exact, so PyTorch's operator is the fixed kernel too (fixed.cpp's decode calls the same one)."""
+    return torch.relu(x)
 
 
 class _Attention(torch.autograd.Function):
@@ -156,6 +162,14 @@ def fixed_decode_layout() -> tuple[tuple[str, str], ...]:
     return tuple(tuple(entry) for entry in load().decode_layout())
 
 
+@functools.cache
+def fixed_decode_activation() -> tuple[str, tuple[str, ...]]:
+    """The block's one module without tensors as fixed.cpp's decode step declares it: its name in the block
+    (`mlp.1`) and the activations decode computes there, by their kernel-set names (`gelu`, `relu`)."""
+    name, activations = load().decode_activation()
+    return name, tuple(activations)
+
+
 def fixed_decode_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every layer's block tensors, in decode's declared order, as decode reads them: each linear weight packed once
     (the sampler's are frozen)."""
@@ -164,11 +178,11 @@ def fixed_decode_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def fixed_decode(x, weights: list, kv, valid, row, slot, eps: float, head: list | None = None, vocab: int = 0,
-                 last: torch.Tensor | None = None) -> torch.Tensor:
-    """weights: fixed_decode_weights(...) of the model's block tensors; head: fixed_head_weights(...) (an output
-    layer of `vocab` rows) to return the logits of the rows `last` (all rows if None) instead of the hidden
-    states."""
-    return load().decode(x, weights, kv, valid, row, slot, eps, head or [], vocab, last)
+                 last: torch.Tensor | None = None, *, activations: list[str]) -> torch.Tensor:
+    """weights: fixed_decode_weights(...) of the model's block tensors; activations: each layer's (one of
+    fixed_decode_activation()'s); head: fixed_head_weights(...) (an output layer of `vocab` rows) to return the
+    logits of the rows `last` (all rows if None) instead of the hidden states."""
+    return load().decode(x, weights, kv, valid, row, slot, eps, list(activations), head or [], vocab, last)
 
 
 def fixed_head_weights(ln_weight, ln_bias, out_weight) -> list[torch.Tensor]:
@@ -181,14 +195,17 @@ class KernelSet:
     name: str
     linear: object
     gelu: object
+    relu: object
     attention: object
     attention_cached: object
     decode: object = None   # every block of the sampler's pass in one call (no gradient), the per-layer path's bits
     decode_weights: object = None   # the block tensors as decode takes them
     head_weights: object = None     # the final layer norm and output layer as decode takes them
     decode_layout: object = None    # () -> the block decode runs: (name, role) of each tensor of a layer, in order
+    decode_activation: object = None   # () -> (the block's module without tensors, the activations decode computes)
 
 
-KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, fixed_attention, fixed_attention_cached,
-                                    fixed_decode, fixed_decode_weights, fixed_head_weights, fixed_decode_layout))
-KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, torch_attention, torch_attention_cached))
+KERNELS.register("fixed", KernelSet("fixed", fixed_linear, fixed_gelu, relu, fixed_attention, fixed_attention_cached,
+                                    fixed_decode, fixed_decode_weights, fixed_head_weights, fixed_decode_layout,
+                                    fixed_decode_activation))
+KERNELS.register("torch", KernelSet("torch", F.linear, F.gelu, F.relu, torch_attention, torch_attention_cached))
