@@ -71,7 +71,9 @@ smollm2: $(SMOLLM2)/.fetched
 
 install: $(STAMP) kernels $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched
 
+# params.yaml checked within the project's bounds first: DVC reads it with its own loader, which has none
 repro: install
+	$(BIN)/python -m agentrl params
 	$(BIN)/dvc repro
 
 lint: $(STAMP)

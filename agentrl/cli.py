@@ -1,5 +1,5 @@
-"""python -m agentrl check|envcheck|bench|labcheck|labcells|opprobe|audit|replay|study|research|sweep|
-compare-reports|deps.
+"""python -m agentrl check|envcheck|bench|labcheck|labcells|opprobe|labtemps|audit|replay|study|research|sweep|
+compare-reports|deps|params.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
@@ -109,9 +109,11 @@ def numerics_mode(args) -> str:
     from agentrl.core.numerics import check_mode
     if getattr(args, "numerics", None):
         return args.numerics
+    if args.cmd == "params":   # the verb that reads the file: its problem is its answer, not a numerics question
+        return "portable"
     try:
         params = read_params_file("params.yaml") if Path("params.yaml").exists() else {}
-        if args.cmd in ("labcells", "opprobe"):   # the lab's own numerics, as its stage runs it
+        if args.cmd in ("labcells", "opprobe", "labtemps"):   # the lab's own numerics, as its stage runs it
             from agentrl.core.lab_config import stage_mode
             return check_mode(stage_mode(params, "lab", args.lab or (args.config and f"file:{args.config}")))
         run = params.get("run") or {}
@@ -252,8 +254,17 @@ class Verb:
 
 
 def cmd_bench(args) -> int:
-    """The backend's own bench (BackendSpec.bench)."""
+    """The backend's own bench (BackendSpec.bench), its GRPO config validated first: the knobs name registered
+    variants, so the package that registers them is imported here, not left to whatever the bench imports first."""
     from agentrl.bench import BENCHES
+    from agentrl.core.config import RLConfig, UserError
+    if args.backend == "tinyagent" and not args.quick_base:
+        try:
+            _model_path(args)   # a missing checkpoint: one line before torch is imported
+        except (UserError, ValueError) as exc:
+            return fail(str(exc))
+    from agentrl.rl import variants  # noqa: F401 (the names the rl knobs take, registered)
+    RLConfig()
     return BENCHES.get(args.backend)(args, Verb)
 
 
@@ -286,6 +297,7 @@ def cmd_study(args) -> int:
 
 def cmd_research(args) -> int:
     from agentrl.core.config import load_params
+    from agentrl.rl import variants  # noqa: F401 (the studies validate the rl section: its variants, registered)
     from agentrl.studies.research import main
     try:
         set_threads(load_params(["run"])["run"].threads)
@@ -297,6 +309,16 @@ def cmd_research(args) -> int:
 def cmd_sweep(args) -> int:
     from agentrl.pipeline.sweep.driver import main
     return main(args.stage, args.address, args.max_parallel)
+
+
+def cmd_params(args) -> int:
+    """params.yaml validated as the stages read it, every section, within the project's bounds: `make repro` runs
+    it before DVC parses the file with its own loader (docs/dvc.md)."""
+    from agentrl.core.config import SECTIONS, load_params
+    from agentrl.rl import variants  # noqa: F401 (the names the rl knobs take, registered)
+    load_params(list(SECTIONS), args.params)
+    print(f"params: {args.params}: every section valid")
+    return 0
 
 
 def cmd_deps(args) -> int:
@@ -387,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
         verb.add_argument("--numerics", choices=["portable", "native"],
                           help="CPU numerics for this verb (default: params.yaml run.numerics, else portable)")
     sub.add_parser("deps", help="rewrite each stage's code deps in dvc.yaml from its import closure")
+    pv = sub.add_parser("params", help="validate params.yaml as the stages read it (make repro runs it before DVC "
+                                       "parses the file)")
+    pv.add_argument("--params", default="params.yaml")
     m = sub.add_parser("compare-reports", help="two report trees A B: identical, or what differs and whether any "
                                                "conclusion changes; without A B: reports/*.json against a snapshot")
     m.add_argument("trees", nargs="*", metavar="TREE", help="two report directories, e.g. reports /tmp/x/reports")
@@ -409,6 +434,7 @@ def _main(argv) -> int:
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
+             "params": cmd_params,
              "research": cmd_research, "sweep": cmd_sweep,
              **{verb: (lambda args, cmd=cmd: cmd(args, set_threads)) for verb, cmd in LAB_VERBS.items()}}
     return verbs[args.cmd](args)

@@ -37,8 +37,20 @@ def lab_instance(name: str | None, seed: int | None, config: str | None, params_
     return named(lab, name, config, seed)
 
 
+def refuse_before_the_run(inst) -> None:
+    """What this machine cannot run, refused in one line before any MLflow run exists: a device torch lacks, bf16
+    where the CPU or the numerics pin cannot compute it."""
+    from agentrl.core.config import lab_run
+    from agentrl.labs.precision import check_dtype
+    from agentrl.labs.recipe import check_device
+    device = load_params(["lab"])["lab"].device
+    check_device(device)
+    check_dtype(lab_run(inst.name, inst.spec).dtype, device, f"LabConfig.configs.{inst.name}.dtype")
+
+
 def main(name: str | None = None, seed: int | None = None, config: str | None = None, past_gates: bool = False):
     inst = lab_instance(name, seed, config)
+    refuse_before_the_run(inst)
     stopped = []   # why the gates stopped the lab: the stage exits with it once its report and provenance are kept
 
     def body(ctx):
@@ -78,7 +90,9 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
               f"{held['gain']['hi']:+.3f}]) in {record['wall_s']:.0f} s; {inst.report}.md")
 
     run_stage(inst.stage, SECTIONS, [], body, only={"run": ["threads", "numerics"], "lab": []},
-              extra={"lab": inst.logged(load_params(["lab"])["lab"])}, numerics=inst.spec.get("numerics"))
+              extra=lambda params: {"lab": named(params["lab"], None if inst.explored else inst.name,
+                                                 inst.config_file, inst.seed).logged(params["lab"])},
+              numerics=inst.spec.get("numerics"))
     if stopped:   # after the stage run closed: the report of a stopped lab is audited like any other
         raise StageError(f"lab {inst.name} seed {inst.seed}: stopped before GRPO: {'; '.join(stopped)} (the report "
                          f"{inst.report}.md says so; --past-gates goes on)")

@@ -143,3 +143,33 @@ def test_audit_reads_a_provenance_record_bounded(tmp_path):
     started = time.monotonic()
     assert lineage._record("probe", tmp_path) == {}
     assert time.monotonic() - started < 5
+
+
+BOMB = (b"\nbomb:\n  a: &a [1,1,1,1,1,1,1,1,1,1]\n  b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+        b"  c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n  d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+        b"  e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\n  f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+        b"  g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\n  h: [*g,*g,*g,*g,*g,*g,*g,*g,*g,*g]\n")
+
+
+@pytest.mark.slow   # a CLI subprocess
+def test_make_repro_checks_params_within_bounds_before_dvc_reads_them(tmp_path):
+    """An alias bomb under an unused key (DVC's own loader grew `dvc status` to 8.6 GB on one): `python -m agentrl
+    params`, which `make repro` runs before `dvc repro`, refuses it in one line, in seconds; a good file passes."""
+    import resource
+    import subprocess
+    import sys
+    import time
+    recipe = (REPO / "Makefile").read_text().split("\nrepro:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("agentrl params") < recipe.index("dvc repro")
+    (tmp_path / "params.yaml").write_bytes(GOOD + BOMB)
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-m", "agentrl", "params"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "values with its aliases expanded (at most 200,000)" in out.stderr
+    assert time.time() - t0 < 30 and peak_mib < 1024
+    (tmp_path / "params.yaml").write_bytes(GOOD)
+    good = subprocess.run([sys.executable, "-m", "agentrl", "params"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert good.returncode == 0 and good.stdout.strip() == "params: params.yaml: every section valid", good.stderr

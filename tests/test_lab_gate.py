@@ -115,3 +115,28 @@ def test_a_lab_told_to_go_past_its_gates_finishes_without_the_stop(lab_project, 
                       "gain": {"mean": 0.0, "lo": -0.1, "hi": 0.1}}}, "# Lab `x`\n"))
     assert guard("lab", lab.main, "x", 3, None, True) == 0, capsys.readouterr().err
     assert (lab_project / "reports/provenance/lab@x-3.json").is_file()
+
+
+def test_a_lab_device_this_machine_lacks_is_refused_before_any_run_exists(lab_project, capsys):
+    """lab.device: cuda on a machine without one: one line, exit 2, and no MLflow run (the refusal used to come from
+    inside the stage's run, which it left FAILED for a lab that never started)."""
+    import os
+
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from agentrl.core.boundary import guard
+    from stages import lab
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: lab.device cuda is valid here")
+    params = yaml.safe_load((lab_project / "params.yaml").read_text())
+    params["lab"]["device"] = "cuda"
+    (lab_project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert guard("lab", lab.main, "x", 0, None, False) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: lab.device: cuda, but torch sees no CUDA device here (torch.cuda.is_available() is False); allowed on "
+        "this machine: cpu"]
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("agentrl")
+    assert experiment is None or client.search_runs([experiment.experiment_id]) == []
+    assert not (lab_project / "reports" / "provenance").exists()

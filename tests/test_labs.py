@@ -442,8 +442,8 @@ def test_the_labs_study_puts_the_committed_recipes_first_and_the_explored_apart(
     assert menu.startswith("| `menu` seed 0 | M | n/a | 0.250 [0.100, 0.400] | (= after the cold start) | "
                            "no weight changed")
     assert smol.startswith("| `smol` seed 0 | M | 0.000 [0.000, 0.000] (no episode succeeded) | "
-                           "0.250 [0.100, 0.400] | 0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | 1.00 -> 0.00 | "
-                           "0.500 -> 0.100 | 0.400 |")
+                           "0.250 [0.100, 0.400] | 0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | n/a | "
+                           "1.00 -> 0.00 | 0.500 -> 0.100 | 0.400 |")
     assert "`old` seed 0" in explored and "`old`" not in committed and "the book" not in explored
     numbers = json.loads((labs / "comparison.json").read_text())
     assert set(numbers["recipes"]) == {"smol", "menu"} and set(numbers["explored"]) == {"old"}

@@ -266,6 +266,16 @@ def stop_queue_workers(repo: Path) -> None:
         _signal(pid, signal.SIGKILL)
 
 
+def wait_for_queue(repo: Path, seconds: float = 900) -> str:
+    """`dvc queue status` once nothing is queued or running (or after `seconds`)."""
+    deadline = time.time() + seconds
+    while True:
+        status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
+        if ("Queued" not in status and "Running" not in status) or time.time() > deadline:
+            return status
+        time.sleep(5)
+
+
 def _signal(pid: int, sig: int) -> bool:
     """Send `sig` to `pid` (0: only check it exists); False if the process is gone."""
     try:
@@ -285,12 +295,7 @@ def test_parallel_queue_logs_every_run(mini):
         run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"ablate.seeds=[0,1,{seed}]"], repo)
     try:
         start_queue_workers(repo, 2)
-        deadline = time.time() + 900
-        while time.time() < deadline:
-            status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
-            if "Queued" not in status and "Running" not in status:
-                break
-            time.sleep(5)
+        status = wait_for_queue(repo)
     finally:
         stop_queue_workers(repo)
     assert "Failed" not in status, status
@@ -302,6 +307,38 @@ def test_parallel_queue_logs_every_run(mini):
     assert [n for n in names if n in expected] == expected, names
     assert all(r.info.status == "FINISHED" for r in new)
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db")), "a queued run wrote its own store"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_a_queue_worker_leaves_no_run_running(mini, signum):
+    """A queued experiment's worker signalled while a stage runs (docs/dvc.md, "Signals and the queue"): celery's
+    worker stops warm, so the stage it is running goes on, ends FINISHED and the experiment succeeds; SIGHUP then
+    restarts the worker, SIGTERM ends it. Either way no MLflow run is left RUNNING."""
+    import mlflow
+    repo = mini["repo"]
+    client = mlflow.MlflowClient(f"sqlite:///{repo}/mlflow.db")
+    exp = client.get_experiment_by_name("agentrl")
+    before = {r.info.run_id for r in client.search_runs([exp.experiment_id], max_results=5000)}
+    run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"ablate.seeds=[0,1,{10 + signum}]"], repo)
+    env = clone_env() | {"AGENTRL_RUN_DELAY": "created:10"}   # each stage holds 10 s once its run exists
+    try:
+        with open(repo / "queue_start.log", "w") as log:
+            assert subprocess.run([str(BIN / "dvc"), "queue", "start", "-j", "1"], cwd=repo, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=120, env=env).returncode == 0
+        deadline = time.time() + 300
+        while time.time() < deadline and not [r for r in client.search_runs([exp.experiment_id], max_results=5000)
+                                               if r.info.run_id not in before]:
+            time.sleep(1)   # a stage of the experiment has its run: now the worker is signalled
+        workers = [int(p.read_text().split()[0]) for p in (repo / ".dvc/tmp/exps/celery").glob("*.pid")]
+        assert workers
+        for pid in workers:
+            _signal(pid, signum)
+        status = wait_for_queue(repo)
+    finally:
+        stop_queue_workers(repo)
+    new = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if r.info.run_id not in before]
+    assert new and all(r.info.status == "FINISHED" for r in new), [(r.info.run_name, r.info.status) for r in new]
+    assert "Success" in status and "Failed" not in status, status
 
 
 def test_train_resumes_bit_identically_after_sigkill(mini, tmp_path):

@@ -97,6 +97,7 @@ def _run(*args):
                           text=True, timeout=120)
 
 
+@pytest.mark.slow   # a CLI subprocess each (the verb's imports: torch, transformers)
 @pytest.mark.parametrize("args, message", [
     (["--lab", "smollm2"], "error: opprobe: name a --checkpoint, --clone-curve or --table"),
     (["--lab", "smollm2", "--clone-curve", "16", "--every", "32"],

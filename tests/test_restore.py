@@ -180,3 +180,33 @@ def test_a_signal_while_the_stage_imports_puts_the_outputs_back_too(cached):
     assert p.returncode == 143 and err.splitlines() == [
         "error: s: terminated (SIGTERM) before it started; nothing was written"], err
     assert (root / "data/model.pt").read_bytes() == b"model bytes" and (root / "data/out/sub/b.json").is_file()
+
+
+@pytest.mark.slow   # git, dvc and a real stage, with a params edit while it runs
+def test_a_params_edit_while_dvc_runs_a_stage_records_nothing_and_audit_and_dvc_agree(tmp_path):
+    """The issue's case: `dvc repro -s --force tasks`, and params.yaml edited after the stage read it. The stage
+    ends in one line naming the key, DVC records nothing (dvc.lock as it was), every output is the bytes it was, and
+    `dvc status` says the stage must rerun (audit reads DVC's status for a stage dvc.lock records: they agree)."""
+    root = tmp_path / "repo"
+    env = built_repo(root, tmp_path / "mlflow.db")
+    before, lock = _tree(root), (root / "dvc.lock").read_text()
+    proc = subprocess.Popen([DVC, "repro", "-s", "--force", "tasks"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, "AGENTRL_RUN_DELAY": "params:8"})
+    seen = []
+    for line in proc.stderr:   # the stage has read params.yaml and holds before its run: now someone edits it
+        seen.append(line)
+        if "run creation held" in line:
+            break
+    assert any("run creation held" in line for line in seen), "".join(seen)[-2000:]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["tasks"]["families"] = ["minmax", "range"]   # a valid value: nothing refuses it at the start
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    out, rest = proc.communicate(timeout=600)
+    err = "".join(seen) + rest
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(ours) == 1, err[-3000:]
+    assert ours[0].startswith("error: tasks: what it read changed while it ran: tasks.families ") and \
+        "nothing recorded, its outputs put back as they were" in ours[0], ours
+    assert (root / "dvc.lock").read_text() == lock and _tree(root) == before
+    status = json.loads(_run([DVC, "status", "--json"], root, env).stdout)
+    assert status == {"tasks": [{"changed deps": {"params.yaml": {"tasks": "modified"}}}]}, status

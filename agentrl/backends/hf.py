@@ -206,18 +206,22 @@ def load_tokenizer(path, field: str = "model"):
 
 
 def save_model(model: HFPolicy, path, tokenizer_hash: str, extra: dict | None = None, tokenizer_dir=None) -> None:
-    """save_pretrained(path) (+ the tokenizer files from tokenizer_dir, so the directory loads on its own)."""
-    path = Path(path)
-    model.lm.save_pretrained(path)
-    (path / "agentrl.json").write_text(json.dumps({"tokenizer_hash": tokenizer_hash}, sort_keys=True) + "\n")
-    if extra:
-        torch.save(extra, path / "training_state.pt")
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            shutil.copyfile(Path(tokenizer_dir) / name, path / name)
-        for name in CHAT_TEMPLATE_FILES:
-            if (Path(tokenizer_dir) / name).is_file():
-                shutil.copyfile(Path(tokenizer_dir) / name, path / name)
+    """save_pretrained(path) (+ the tokenizer files from tokenizer_dir, so the directory loads on its own), written
+    whole or not at all (agentrl.core.writer: a full disk is the boundary's line naming `path`)."""
+    from agentrl.core.writer import write_directory
+
+    def fill(directory: Path) -> None:
+        model.lm.save_pretrained(directory)
+        (directory / "agentrl.json").write_text(json.dumps({"tokenizer_hash": tokenizer_hash}, sort_keys=True) + "\n")
+        if extra:
+            torch.save(extra, directory / "training_state.pt")
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                shutil.copyfile(Path(tokenizer_dir) / name, directory / name)
+            for name in CHAT_TEMPLATE_FILES:
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copyfile(Path(tokenizer_dir) / name, directory / name)
+    write_directory(path, fill)
 
 
 def load(path, tok, expect=None) -> tuple[HFPolicy, dict]:
@@ -269,8 +273,6 @@ def make_small_model(path, seed_generator: torch.Generator, tokenizer_dir, model
     model = HFPolicy.from_config(small_config(model_type, vocab, bos, eos, pad, **sizes))
     init_weights(model, seed_generator)
     path = Path(path)
-    if path.exists():
-        shutil.rmtree(path)
     save_model(model, path, "", tokenizer_dir=tokenizer_dir)
     return load_model(path, field)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -28,8 +27,7 @@ from pathlib import Path
 
 from agentrl.backends.offline import transformers
 from agentrl.core import files
-from agentrl.core.artifacts import temporary_name
-from agentrl.core.knobs import UserError
+from agentrl.core.knobs import ConfigError, UserError
 
 SOURCE_FILE = "agentrl_source.json"
 PRETRAINED_DIR = Path("data/pretrained")   # what `make install` fetched, one directory per pinned model
@@ -163,6 +161,36 @@ def check_logits(reference, candidate, tok) -> float:
     return diff
 
 
+def written_hashes(directory: Path) -> dict:
+    """{file name: sha256} of every file a conversion wrote into `directory` (its source record aside)."""
+    return {p.name: sha256_file(p) for p in sorted(Path(directory).iterdir()) if p.is_file() and p.name != SOURCE_FILE}
+
+
+WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")   # the weights a directory's record names first
+
+
+def verified_weights(directory: Path | str, field: str) -> dict:
+    """{file: sha256} of the weights in `directory`, as loaded: a converted directory's files are checked against
+    the hashes its conversion recorded (a mismatch or a missing file is one ConfigError naming the file and the
+    stage to rerun); any other directory's weight files are hashed as they are, so a report can name them."""
+    directory = Path(directory)
+    record = source(directory)
+    recorded = record.get("files") if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
+    if recorded is None:
+        return {p.name: sha256_file(p) for p in sorted(directory.iterdir())
+                if p.is_file() and (p.name in WEIGHT_NAMES or p.suffix == ".safetensors")}
+    rerun = f"rerun `python -m stages.pretrained --model {record.get('name', '<model>')}`"
+    for name, digest in sorted(recorded.items()):
+        path = directory / name
+        if not path.is_file():
+            raise ConfigError(f"{field}: {path} is missing from the converted directory; {rerun}")
+        now = sha256_file(path)
+        if now != digest:
+            raise ConfigError(f"{field}: {path} is not the file its conversion wrote (sha256 {now[:16]}, recorded "
+                              f"{digest[:16]}): altered or damaged; {rerun}")
+    return {name: digest for name, digest in recorded.items() if name in WEIGHT_NAMES or name.endswith(".safetensors")}
+
+
 def source_record(pin: Pinned, lm) -> dict:
     """What the converted directory is and came from (agentrl_source.json): no path, time or host."""
     versions = {name: metadata.version(name) for name in ("transformers", "gguf", "torch")}
@@ -174,27 +202,26 @@ def source_record(pin: Pinned, lm) -> dict:
 def convert(pin: Pinned, gguf: Path | str, out: Path | str) -> dict:
     """Convert the checked GGUF file into a save_pretrained directory `out` (written beside it, then renamed into
     place: a failure leaves no half directory). Returns the source record plus the logit check's max difference."""
+    from agentrl.core.writer import write_directory
     gguf, out = check_gguf(pin, gguf), Path(out)
     lm, tok = load_gguf(gguf)
     plain = plain_copy(lm)
-    tmp = temporary_name(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    plain.save_pretrained(tmp)
-    tok.model_max_length = plain.config.max_position_embeddings   # the GGUF tokenizer leaves it unbounded
-    tok.save_pretrained(tmp)
-    if (gguf.parent / "LICENSE").is_file():
-        shutil.copyfile(gguf.parent / "LICENSE", tmp / "LICENSE")
-    record = source_record(pin, plain)
-    (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    del plain
-    reloaded, tok2 = load_converted(tmp)
-    if tok2(CHECK_PROMPT).input_ids != tok(CHECK_PROMPT).input_ids:
-        raise RuntimeError("conversion: the saved tokenizer encodes the check prompt differently")
-    diff = check_logits(lm, reloaded, tok)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return {**record, "logits_max_abs_diff": diff}
+    done = {}
+
+    def fill(tmp: Path) -> None:
+        plain.save_pretrained(tmp)
+        tok.model_max_length = plain.config.max_position_embeddings   # the GGUF tokenizer leaves it unbounded
+        tok.save_pretrained(tmp)
+        if (gguf.parent / "LICENSE").is_file():
+            shutil.copyfile(gguf.parent / "LICENSE", tmp / "LICENSE")
+        record = {**source_record(pin, plain), "files": written_hashes(tmp)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        reloaded, tok2 = load_converted(tmp)
+        if tok2(CHECK_PROMPT).input_ids != tok(CHECK_PROMPT).input_ids:
+            raise RuntimeError("conversion: the saved tokenizer encodes the check prompt differently")
+        done.update(record, logits_max_abs_diff=check_logits(lm, reloaded, tok))
+    write_directory(out, fill)   # whole or not at all; a full disk is the boundary's line naming `out`
+    return done
 
 
 def source(path: Path | str) -> dict | None:

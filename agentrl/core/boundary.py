@@ -41,9 +41,11 @@ SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP: the terminal 
 _OS_ADVICE = {errno.ENOSPC: "free space on that filesystem and run again",
               errno.EDQUOT: "free space (disk quota) and run again",
               errno.EROFS: "the filesystem is read-only: run from a writable checkout or point the path elsewhere",
+              errno.EIO: "the disk reported an I/O error (dmesg says which): check it and run again",
               errno.EACCES: "check the permissions of that path",
               errno.EPERM: "check the permissions and attributes of that path (ls -l, lsattr: immutable?)"}
-_state = {"finished": False, "signalled": False, "guarded": False, "holding": False, "pending": None, "ending": False}
+_state = {"finished": False, "signalled": False, "guarded": False, "holding": False, "pending": None, "ending": False,
+          "reason": None}
 
 
 class Terminated(BaseException):
@@ -83,9 +85,10 @@ def describe(exc: BaseException, name: str = "agentrl") -> tuple[int, str]:
     if isinstance(exc, KeyboardInterrupt):
         outcome = EXIT_INTERRUPTED, f"{name}: interrupted (SIGINT)"
     elif isinstance(exc, Terminated):
-        outcome = 128 + exc.signum, f"{name}: terminated ({SIGNAL_NAMES.get(exc.signum, f'signal {exc.signum}')})"
-    elif isinstance(exc, UserError):
-        outcome = EXIT_BAD_INPUT, one_line(str(exc)) or type(exc).__name__
+        why = _state["reason"] or SIGNAL_NAMES.get(exc.signum, f"signal {exc.signum}")
+        outcome = 128 + exc.signum, f"{name}: terminated ({why})"
+    elif isinstance(exc, UserError):   # a kind that is no input of the user's says its own code (a lost store: 1)
+        outcome = getattr(exc, "exit_code", EXIT_BAD_INPUT), one_line(str(exc)) or type(exc).__name__
     elif isinstance(exc, OSError) and exc.errno in _OS_ADVICE:
         where = exc.filename or "its output"
         outcome = EXIT_FAILED, one_line(f"{name}: cannot write {where}: {exc.strerror}; {_OS_ADVICE[exc.errno]}")
@@ -186,6 +189,13 @@ def signals_blocked(block: bool = True):
             _raise_now(_state["pending"])
 
 
+def terminate_self(reason: str) -> None:
+    """End this process as SIGTERM ends it (the work in progress closed as killed), its line saying `reason`; for a
+    thread that sees the process has nothing left to work for."""
+    _state["reason"] = reason
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def mark_finished() -> None:
     """The entry point's work is recorded as finished: a signal from now on does not turn it into a failure."""
     _state["finished"] = True
@@ -194,7 +204,8 @@ def mark_finished() -> None:
 def guard(name: str, fn, *args, **kwargs) -> int:
     """Run fn(*args, **kwargs) inside the boundary; return its exit code (None is 0) after printing the one line a
     failure deserves (see the module doc)."""
-    _state.update(finished=False, signalled=False, guarded=True, holding=False, pending=None, ending=False)
+    _state.update(finished=False, signalled=False, guarded=True, holding=False, pending=None, ending=False,
+                  reason=None)
     if not faulthandler.is_enabled():
         with contextlib.suppress(OSError, ValueError, AttributeError, RuntimeError):
             faulthandler.enable(all_threads=False)

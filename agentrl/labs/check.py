@@ -42,8 +42,9 @@ RUN = LabRun(demos_per_task=1, clone_steps=1, clone_batch=2, steps=2, tasks_per_
 
 
 def labcheck(device: str, model: str | None = None, seed: int = 0, log=print) -> dict:
-    check_device(device)
     run = replace(RUN, model=model)
+    cfg = rl_config(RLConfig(seed=seed), run, seed)   # the knobs validated before anything is made
+    check_device(device)
     start = time.time()
     previous = torch.get_default_device()
     torch.set_default_device(device)
@@ -57,7 +58,6 @@ def labcheck(device: str, model: str | None = None, seed: int = 0, log=print) ->
             demos = [EXPERTS[run.environment](factory(task, g), chat) for task in tasks]
             loss = clone(policy, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g)[-1]
             log(f"labcheck: cold start step, cross-entropy {loss:.3f}")
-            cfg = rl_config(RLConfig(seed=seed), run, seed)
             gate = preflight(policy, chat, tasks, replace(cfg, group_size=run.probe_group), factory, seed)
             failed = [n for n, c in gate["checks"].items() if not c["passed"]]
             log(f"labcheck: nine invariants {'pass' if not failed else 'fail: ' + ', '.join(failed)}")

@@ -106,7 +106,9 @@ def named(lab, name: str | None, config: str | None, seed: int | None) -> LabIns
 
 
 def load_named(name: str | None, config: str | None, seed: int | None) -> tuple[dict, LabInstance]:
-    """(params' run, rl and lab sections, the recipe at its seed) that a lab verb's flags name."""
+    """(params' run, rl and lab sections, the recipe at its seed) that a lab verb's flags name; the rl section is
+    validated against the registered variants, so the package that registers them is imported here."""
     from agentrl.core.config import load_params
+    from agentrl.rl import variants  # noqa: F401
     params = load_params(["run", "rl", "lab"])
     return params, named(params["lab"], name, config, seed)

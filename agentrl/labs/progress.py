@@ -15,7 +15,6 @@ they are kept, so a fresh lab and a resumed one hand the report the same values.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from agentrl.core import files
-from agentrl.core.artifacts import remove_partial, replacing, temporary_name
+from agentrl.core.artifacts import remove_partial, replacing
 from agentrl.rl.trainer import Hook
 
 PROGRESS_FILE = "progress.json"
@@ -122,13 +121,7 @@ class LabProgress:
             return
         from agentrl.backends.registry import save_checkpoint
         path = self.directory / f"{GRPO_PREFIX}{extra['step']:03d}"
-        tmp = temporary_name(path)
-        try:
-            save_checkpoint(model, tmp, tokenizer_hash, extra)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        save_checkpoint(model, path, tokenizer_hash, extra)   # whole or not at all (agentrl.core.writer)
         for old in self.directory.glob(f"{GRPO_PREFIX}*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)

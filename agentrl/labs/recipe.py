@@ -83,15 +83,21 @@ def peak_memory_mib() -> float:
 
 def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
     """(model, chat, model_dir): run.model if set, else the small Qwen3 made here (written, then loaded back), in
-    run.dtype; the chat format is the environment's for the model's template."""
+    run.dtype; the chat format is the environment's for the model's template. A converted directory's files are
+    checked against the hashes its conversion recorded before it loads; `model.weights_sha256` names the weight
+    files loaded."""
     from agentrl.backends.hf import check_model_dir, load_model, load_tokenizer, make_small_model
+    from agentrl.backends.pretrained import verified_weights
     if run.model:
         model_dir = check_model_dir(run.model, "lab.model")
+        weights = verified_weights(model_dir, "lab.model")
         model = load_model(model_dir, "lab.model")
     else:
         model_dir = small_model_dir
         model = make_small_model(model_dir, stream_generator(seed, "lab", "init"), TOKENIZER_DIR,
                                  hidden=run.hidden, layers=run.layers)
+        weights = verified_weights(model_dir, "lab.model")
+    model.weights_sha256 = weights
     chat = environment(run.environment).formats["chat"](load_tokenizer(model_dir, "lab.model"))
     model.set_precision(run.dtype)
     return model.to(device), chat, str(model_dir)
@@ -323,6 +329,7 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
     from agentrl.core.numerics import cpu_info, machine_class
     kernels = machine_class()   # the ISA torch dispatched and the variables that capped or pinned the libraries
     return {"lab": name, "config": run.to_dict(), "model_dir": model_dir, "model": honest_name(model_dir),
+            "weights_sha256": model.weights_sha256,
             "backend": model.describe()["backend"], "architecture": model.model_type,
             "parameters": model.num_params(), "device": lab.device, "dtype": run.dtype,
             "cpu": {"model": cpu_info()["model"], "bf16_flags": sorted(BF16_FLAGS & cpu_info()["flags"]),

@@ -36,6 +36,14 @@ BOOK_QWEN3_06B = {"before": "0.20 [0.06, 0.39]", "after": "0.80 [0.50, 1.00]", "
 COLUMNS = (("pretrained", "pretrained, as it is"), ("before", "after the cold start"), ("after", "after GRPO"))
 
 
+def weights_text(record: dict) -> str:
+    """' Weights loaded: model.safetensors sha256 9f3c...': the weight files the lab loaded, as verified (empty for a
+    record from before they were kept)."""
+    weights = record.get("weights_sha256") or {}
+    return (" Weights loaded: " + ", ".join(f"{name} sha256 {digest[:16]}" for name, digest in sorted(weights.items()))
+            + ".") if weights else ""
+
+
 def per_task_rates(per_task: dict) -> list[float]:
     return [v["c"] / v["n"] for _, v in sorted(per_task.items())]
 
@@ -50,10 +58,12 @@ def _gain(a, b, seed):
 
 def held_out_stats(record: dict, seed: int) -> dict:
     """Each evaluation's pass rate with its interval, and the paired gains of the cold start and of GRPO."""
+    from agentrl.labs import passk
     rates = {k: per_task_rates(record[k]["per_task"]) for k, _ in COLUMNS if k in record}
     first = record["before"]["per_task"]
     out = {"tasks": len(first), "episodes_per_task": next(iter(first.values()))["n"],
-           **{k: _ci(v, seed) for k, v in rates.items()}}
+           **{k: _ci(v, seed) for k, v in rates.items()},
+           "pass_at_k": passk.stats({k: record[k]["per_task"] for k, _ in COLUMNS if k in record}, seed, N_BOOT)}
     if "after" in rates:
         out["gain"] = _gain(rates["before"], rates["after"], seed)
     if "pretrained" in rates:
@@ -139,6 +149,11 @@ def held_out_lines(record: dict, held: dict, training: dict) -> list[str]:
     if record["weights_changed"]:
         out.append(f"| GRPO over the cold start (paired) | {interval(held['gain'], True)} |")
     out.append("")
+    if held.get("pass_at_k"):
+        from agentrl.labs import passk
+        out += ["pass@k from the same episodes (the unbiased estimator, per task, then the task bootstrap; pass@1 is "
+                "the pass rate; agentrl/labs/passk.py); the change is after GRPO - after the cold start, paired:", "",
+                *passk.table(held["pass_at_k"], cols, interval), ""]
     if "after" not in record:
         out.append("GRPO did not run (see the first lines): no after-GRPO column.")
     elif not record["weights_changed"]:
@@ -260,19 +275,30 @@ def comparison_table(labs: list[tuple[str, dict]], book: bool = False) -> list[s
         if "after" not in n["held_out"]:
             return "n/a"
         return interval(n["held_out"]["after"]) if n["weights_changed"] else "(= after the cold start)"
-    out = ["| run | model | as it is | after the cold start | after GRPO | GRPO's paired gain | malformed calls per "
-           "episode (cold start -> GRPO) | entropy (first -> last step) | zero-advantage share |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    def widest(n):   # pass@k at the largest k the episodes allow: below 1, a task the cold start never solved
+        from agentrl.labs import passk
+        counts = n.get("before", {}).get("per_task")
+        if not counts:
+            return "n/a"
+        k = passk.ks_for(counts)[-1]
+        rate = lambda c: fmt(sum(passk.per_task(c, k)) / len(c))
+        return f"{rate(counts)} -> {rate(n['after']['per_task'])} (k={k})" if "after" in n and n["weights_changed"] \
+            else f"{rate(counts)} (k={k})"
+    out = ["| run | model | as it is | after the cold start | after GRPO | GRPO's paired gain | pass@k at the largest "
+           "k (cold start -> GRPO) | malformed calls per episode (cold start -> GRPO) | entropy (first -> last step) | "
+           "zero-advantage share |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     if book:
         out.append(f"| the book, section 19.7 | Qwen3-0.6B | n/a | {BOOK_QWEN3_06B['before']} | "
-                   f"{BOOK_QWEN3_06B['after']} | {BOOK_QWEN3_06B['gain']} | {BOOK_QWEN3_06B['malformed']} | "
+                   f"{BOOK_QWEN3_06B['after']} | {BOOK_QWEN3_06B['gain']} | n/a | {BOOK_QWEN3_06B['malformed']} | "
                    f"{BOOK_QWEN3_06B['entropy']} | n/a |")
     for name, n in labs:
         h, t = n["held_out"], n["training"]
         out.append(f"| {name} | {n['model']} | {interval(h['pretrained']) if 'pretrained' in h else 'n/a'} | "
-                   f"{interval(h['before'])} | {after(n)} | {gain(n)} | {fmt(n['before']['malformed'], 2)} -> "
-                   f"{fmt(n.get('after', {}).get('malformed'), 2)} | {steps_text(t['entropy_per_step'][:1])} -> "
-                   f"{steps_text(t['entropy_per_step'][-1:])} | {fmt(t['zero_adv_share'])} |")
+                   f"{interval(h['before'])} | {after(n)} | {gain(n)} | {widest(n)} | "
+                   f"{fmt(n['before']['malformed'], 2)} -> {fmt(n.get('after', {}).get('malformed'), 2)} | "
+                   f"{steps_text(t['entropy_per_step'][:1])} -> {steps_text(t['entropy_per_step'][-1:])} | "
+                   f"{fmt(t['zero_adv_share'])} |")
     return out
 
 
@@ -340,7 +366,7 @@ def lab_report(record: dict) -> tuple[dict, str]:
           f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
           f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}; "
           f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}"
-          f"{kernels_text(cpu)}), seed {seed}. "
+          f"{kernels_text(cpu)}), seed {seed}.{weights_text(record)} "
           f"Cold start: {cold['demos']} {kind} (demonstration pass {cold['demo_pass']:.2f}), {cold['steps']} "
           f"steps, cross-entropy {fmt(cold['loss_first'], 2)} -> {fmt(cold['loss_last'], 2)}. GRPO: "
           f"{grpo_steps_text(record, training['steps'])} of {rl.get('tasks_per_step', '?')} tasks x "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
+from agentrl.labs import passk
 from agentrl.labs.report import N_BOOT, fmt, interval, per_task_rates
 
 
@@ -45,7 +46,8 @@ def seeds_tables(recipes: dict, where: str = "reports/labs") -> tuple[dict, list
                        "changed no weight)."]
             continue
         p = pooled(runs, min(seeds))
-        out[name] = {"reports": [f"{where}/{name}/seed{s}.json" for s in seeds], **p}
+        pass_k = passk.pooled(runs, min(seeds), N_BOOT)
+        out[name] = {"reports": [f"{where}/{name}/seed{s}.json" for s in seeds], **p, "pass_at_k": pass_k}
         md += ["", f"### `{name}` at {len(seeds)} seeds", "",
                "| seed | after the cold start | after GRPO | GRPO's paired gain | steps that updated |",
                "|---|---|---|---|---|"]
@@ -57,5 +59,8 @@ def seeds_tables(recipes: dict, where: str = "reports/labs") -> tuple[dict, list
                   f"{interval(p['after'])} | **{interval(p['gain'], True)}** | |")
         s = p["seed_gains"]
         md += ["", f"The seeds' own gains range {fmt(s['min'])} to {fmt(s['max'])} (sd {fmt(s['sd'])}). The pooled "
-                   f"gain {'excludes' if p['gain']['lo'] > 0 or p['gain']['hi'] < 0 else 'includes'} 0."]
+                   f"gain {'excludes' if p['gain']['lo'] > 0 or p['gain']['hi'] < 0 else 'includes'} 0.", "",
+               f"pass@k from the same episodes, each task's pass@k averaged over the {len(seeds)} seeds, then the task "
+               "bootstrap (agentrl/labs/passk.py):", "",
+               *passk.table(pass_k, [("before", "after the cold start"), ("after", "after GRPO")], interval)]
     return out, md

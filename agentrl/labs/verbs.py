@@ -1,12 +1,13 @@
 """The labs' verbs of `python -m agentrl`: labcheck (a backend proven on a device), labcells (cold starts and
-updates side by side) and opprobe (the op the policy would choose after reading each source). Their arguments and
+updates side by side), opprobe (the op the policy would choose after reading each source) and labtemps (a lab's
+checkpoints over a grid of sampling temperatures). Their arguments and
 commands; nothing here imports torch when the module loads (the entry point pins the CPU numerics first), and each
 command is given the entry point's `set_threads`."""
 from __future__ import annotations
 
 
 def add_lab_verbs(sub, int_at_least):
-    """The three verbs' parsers on the entry point's subparsers; returns labcheck's (it also takes --numerics)."""
+    """The verbs' parsers on the entry point's subparsers; returns labcheck's (it also takes --numerics)."""
     lc = sub.add_parser("labcheck", help="a Hugging Face backend on a device: one cold-start step, the nine "
                                          "invariants and two GRPO steps, then a verdict (a few minutes)")
     lc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -32,6 +33,12 @@ def add_lab_verbs(sub, int_at_least):
     op.add_argument("--every", type=int_at_least(1), default=32, help="cloning steps between probes")
     op.add_argument("--threads", type=int_at_least(1), default=2)
     op.add_argument("--table", action="store_true", help="print the lab's probes so far and stop")
+    lt = sub.add_parser("labtemps", help="a lab's cold start and GRPO checkpoint evaluated over a grid of sampling "
+                                         "temperatures: GRPO's gain over the tempered cold start (docs/labs.md)")
+    add_recipe_flags(lt, int_at_least)
+    lt.add_argument("--temperatures", default="0.3,0.5,0.7,1.0", help="comma-separated, each in (0, 2]")
+    lt.add_argument("--threads", type=int_at_least(1), default=2)
+    lt.add_argument("--table", action="store_true", help="print the lab's grid so far and stop")
     return lc
 
 
@@ -92,4 +99,29 @@ def cmd_opprobe(args, set_threads) -> int:
     return 0
 
 
-LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe}
+def cmd_labtemps(args, set_threads) -> int:
+    """The temperature grid of a lab's kept checkpoints (agentrl.labs.temperatures)."""
+    from agentrl.core.config import ConfigError
+    from agentrl.labs.instance import load_named
+    from agentrl.labs.report import interval
+    from agentrl.labs.temperatures import evaluate_grid, load, summary, table
+    try:
+        temps = sorted({float(t) for t in args.temperatures.split(",")})
+    except ValueError:
+        raise ConfigError(f"labtemps --temperatures: expected numbers like 0.3,0.5,0.7,1.0, got "
+                          f"{args.temperatures[:80]!r}") from None
+    if not temps or not all(0 < t <= 2 for t in temps) or 1.0 not in temps:
+        raise ConfigError(f"labtemps --temperatures: each in (0, 2], 1.0 among them (GRPO's own); got "
+                          f"{args.temperatures[:80]!r}")
+    params, inst = load_named(args.lab, args.config, args.seed)
+    if not args.table:
+        set_threads(args.threads)
+        evaluate_grid(params, inst, temps)
+    grid = load(inst)
+    if grid is None:
+        raise ConfigError(f"labtemps --table: no grid for {inst.name} seed {inst.seed} yet (run labtemps)")
+    print("\n".join(table(summary(grid, inst.seed), interval)))
+    return 0
+
+
+LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe, "labtemps": cmd_labtemps}

@@ -6,25 +6,16 @@ from pathlib import Path
 
 import torch
 
-from agentrl.core.artifacts import CheckpointError, finish_temporary, named, temporary_path
+from agentrl.core.artifacts import CheckpointError
+from agentrl.core.writer import write_file
 from agentrl.model.policy import ModelConfig, TinyAgent
 
 
 def save_policy(path, model: TinyAgent, tokenizer_hash: str, extra: dict | None = None) -> None:
     """Write {config, tokenizer_hash, state_dict, extra} atomically (tmp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": model.cfg.to_dict(), "tokenizer_hash": tokenizer_hash,
                "state_dict": model.state_dict(), "extra": extra or {}}
-    tmp = temporary_path(path)   # the same file name in every process: torch.save names the records after it
-    try:
-        torch.save(payload, tmp)
-        finish_temporary(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise named(exc, path) from None
-        raise
+    write_file(path, lambda tmp: torch.save(payload, tmp))   # a short write: the disk-full line naming `path`
 
 
 def read_checkpoint(path) -> dict:

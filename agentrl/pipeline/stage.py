@@ -8,6 +8,8 @@
     4. one MLflow run (agentrl.tracking.run.stage_run): provenance hashed, store probed, run opened
     5. body(ctx) computes and writes the stage's outputs; a user-fixable failure inside it (a corrupted input, a
        diverged run) is again one line and exit code 2, and the run is marked FAILED
+    6. what it read, read again: params and inputs that changed while it ran stop it here, before its provenance
+       record, with its outputs put back (agentrl.pipeline.unchanged), so DVC records nothing
 
 All of it runs inside the error boundary (agentrl.core.boundary): an unexpected exception is one line and a log file
 (exit 1), Ctrl-C exits 130, SIGTERM 143, SIGHUP 129 and SIGQUIT 131, with the run marked KILLED; on any failure
@@ -16,6 +18,7 @@ code.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +65,10 @@ def run_stage(name: str, sections: list[str], inputs: list, body, numeric: bool 
     count as read (logged and hashed), e.g. an ablation instance reads ablate.steps but not the list of seeds that
     generates the instances; "arms.kl" keeps one entry of a mapping (the instance's own arm). `sources` says where
     inputs came from (input -> package, version, hashes), recorded in provenance and MLflow. `numerics`: the mode
-    this stage runs under when it is not run.numerics (a lab's own; agentrl.core.lab_config.stage_mode). `extra`: what
-    the stage read beyond its sections' keys, by section (a lab's seed and its config with its base resolved), logged
-    and hashed with them. Returns on success; raises SystemExit with the boundary's exit code otherwise."""
+    this stage runs under when it is not run.numerics (a lab's own; agentrl.core.lab_config.stage_mode). `extra`:
+    params -> what the stage read beyond its sections' keys, by section (a lab's seed and its config with its base
+    resolved), logged and hashed with them. Returns on success; raises SystemExit with the boundary's exit code
+    otherwise."""
     entry(name, _run_stage, name, sections, inputs, body, numeric, params_path, only, sources, numerics, extra)
 
 
@@ -78,9 +82,40 @@ def entry(name: str, fn, *args) -> None:
         sys.exit(code)
 
 
+PARENT_POLL = 1.0   # seconds between looks at the process that ran the stage
+
+
+def watch_parent(interval: float = PARENT_POLL) -> None:
+    """Under DVC: when the DVC process that runs this stage ends (SIGTERM to `dvc exp exec-run`, SIGKILL to `dvc
+    repro`), the stage ends KILLED saying so, instead of writing on into a workspace nothing will record (a queued
+    experiment's temporary copy is deleted as its DVC process ends: the stage then failed on a missing directory)."""
+    import threading
+    import time
+    parent = os.getppid()
+
+    def loop():
+        while os.getppid() == parent:
+            time.sleep(interval)
+        from agentrl.core.boundary import terminate_self
+        terminate_self(f"the DVC process that ran it, pid {parent}, ended")
+    threading.Thread(target=loop, daemon=True, name="agentrl-parent-watch").start()
+
+
+def logged_params(params: dict, only: dict | None, extra) -> dict:
+    """The values a stage logs and hashes as read: each section's (restricted by `only`), and `extra(params)`."""
+    logged = {s: section_values(s, p) for s, p in params.items()}
+    for section, keys in (only or {}).items():
+        logged[section] = read_keys(logged[section], keys)
+    for section, values in (extra(params) if extra else {}).items():
+        logged[section] = {**logged[section], **values}
+    return logged
+
+
 def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources=None, numerics=None,
                extra=None) -> None:
     from agentrl.core.config import load_params
+    from agentrl.pipeline.unchanged import OutputSnapshot, check_unchanged
+    from agentrl.tracking.provenance import work_root
     wanted = list(dict.fromkeys((["run"] if numeric else []) + list(sections)))
     params = load_params(wanted, params_path)
     missing = [str(p) for p in inputs if not Path(p).exists()]
@@ -92,12 +127,13 @@ def _run_stage(name, sections, inputs, body, numeric, params_path, only, sources
         check_threads(params["run"].threads)
         machine = enter(params["run"].threads, numerics or params["run"].numerics)
     from agentrl.tracking.run import stage_run
-    logged = {s: section_values(s, p) for s, p in params.items()}
-    for section, keys in (only or {}).items():
-        logged[section] = read_keys(logged[section], keys)
-    for section, values in (extra or {}).items():
-        logged[section] = {**logged[section], **values}
+    if os.environ.get("DVC_STAGE"):
+        watch_parent()
+    logged = logged_params(params, only, extra)
     threads = params["run"].threads if numeric else None  # a stage without tensor work has no thread count
     with stage_lock(name), stage_run(name, params=logged, inputs=[str(p) for p in inputs], threads=threads,
                                      machine=machine, sources=sources) as run:
+        snapshot = OutputSnapshot(name, work_root())   # inside the lock: no other writer of these outputs
         body(StageContext(name, params, run))
+        check_unchanged(name, logged, lambda: logged_params(load_params(wanted, params_path), only, extra),
+                        run.record["inputs"], work_root(), snapshot)

@@ -54,13 +54,13 @@ def divergence(row: dict) -> str | None:
 def save_bundle(path, *, step: int, cfg: RLConfig, fault, model_state, optim_state, ref_state, batch: dict,
                 stats: dict, generator_state, reason: str, threads: int, model: dict) -> str:
     """model: the policy backend's describe() (its kind and config)."""
+    from agentrl.core.writer import write_file
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"step": step, "cfg": cfg.to_dict(), "bug": fault, "reason": reason, "threads": threads,
-                "backend": model["backend"], "model_config": model["config"], "model_state": model_state,
-                "optim_state": optim_state,
-                "ref_state": ref_state, "batch": {k: batch[k] for k in BATCH_KEYS},
-                "stats": stats, "generator_state": generator_state}, path)
+    bundle = {"step": step, "cfg": cfg.to_dict(), "bug": fault, "reason": reason, "threads": threads,
+              "backend": model["backend"], "model_config": model["config"], "model_state": model_state,
+              "optim_state": optim_state, "ref_state": ref_state, "batch": {k: batch[k] for k in BATCH_KEYS},
+              "stats": stats, "generator_state": generator_state}
+    write_file(path, lambda tmp: torch.save(bundle, tmp))
     return str(path)
 
 

@@ -29,6 +29,25 @@ def recipes_in(directory: Path) -> dict:
     return out
 
 
+def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
+    """({"<recipe>/seed<N>": summary}, markdown) of every committed recipe's temperature grid (labtemps)."""
+    from agentrl.labs.report import interval
+    from agentrl.labs.temperatures import summary, table
+    out, md = {}, []
+    for path in sorted(directory.glob("*/seed*.temperatures.json")):
+        if path.parent.name in ("explored", "direct"):
+            continue
+        grid = read_json(path)
+        s = summary(grid, grid["seed"])
+        key = f"{path.parent.name}/{path.name.split('.')[0]}"
+        out[key] = s
+        md += ["", f"### `{path.parent.name}` seed {grid['seed']} over sampling temperatures", "",
+               f"Held-out pass of the lab's kept checkpoints at each temperature ({s['tasks']} tasks x "
+               f"{grid['eval_per_task']} episodes, each cell its own stream; `python -m agentrl labtemps`):", "",
+               *table(s, interval)]
+    return out, md
+
+
 def rows(recipes: dict) -> list[tuple[str, dict]]:
     """(label, numbers) of each seed's report, by recipe then seed."""
     return [(f"`{name}` seed {seed}", by_seed[seed]) for name, by_seed in sorted(recipes.items())
@@ -64,6 +83,7 @@ def comparison() -> int:
         return 2
     table = comparison_table(rows(committed), book=True)
     pooled, seeds_md = seeds_tables(committed)
+    tempered, temps_md = temperature_tables(labs)
     explored_table = comparison_table(rows(explored) + [(f"`{n}`", r) for n, r in sorted(direct.items())])
     explored_pooled, explored_seeds_md = seeds_tables(explored, "reports/labs/explored")
     older += [f"explored/{n}" for n in older_explored]
@@ -73,6 +93,7 @@ def comparison() -> int:
     pick = lambda recipes: {n: {s: {k: r[k] for k in KEEP} for s, r in by.items()} for n, by in recipes.items()}
     write_json(labs / "comparison.json",
                {"book_qwen3_0_6b": BOOK_QWEN3_06B, "recipes": pick(committed), "seeds": pooled,
+                "temperatures": tempered,
                 "explored": pick(explored), "explored_seeds": explored_pooled,
                 "direct": {n: {k: r[k] for k in KEEP} for n, r in direct.items()}, "not_compared": older})
     md = ["# The labs side by side", "",
@@ -82,7 +103,11 @@ def comparison() -> int:
           "## The committed recipes", "", "The recipes of `lab.configs` in params.yaml (docs/labs.md).", "", *table,
           *(["", "### Seeds pooled", "",
              "Pooled: each held-out task's pass rate averaged over the recipe's seeds, then the same task bootstrap "
-             "(agentrl/labs/seeds.py)."] if seeds_md else []), *seeds_md, "",
+             "(agentrl/labs/seeds.py)."] if seeds_md else []), *seeds_md,
+          *(["", "### Temperature as a control", "",
+             "A cooler sampler can raise the cold start's pass without any training: GRPO's gain is stated over the "
+             "cold start at its best temperature too (agentrl/labs/temperatures.py)."] if temps_md else []),
+          *temps_md, "",
           "## Explored recipes", "",
           "The recipes tried while the committed ones were found, kept as history under `reports/labs/explored/` "
           "(each with its config and the commit it ran at; docs/labs_research.md says why each was tried), and labs "

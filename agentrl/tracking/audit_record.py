@@ -17,7 +17,7 @@ from pathlib import Path
 from agentrl.core import files
 from agentrl.core.artifacts import shape_problem
 from agentrl.core.knobs import UserError
-from agentrl.tracking.provenance import _git, code_hash, file_hash, flatten_params, params_hash
+from agentrl.tracking.provenance import _git, changed_inputs, code_hash, flatten_params, params_hash
 from agentrl.tracking.records import record_path
 
 RECORD_SHAPE = {"stage": str, "params": dict, "code_files": [str], "code_hash": str, "mlflow": {"run_id": str}}
@@ -182,13 +182,8 @@ def _mismatches(record: dict, root: Path, model: dict | None) -> list[str]:
         out.append("code: the closure's bytes differ from the record's" +
                    (f" (changed since {commit[:12]}: {', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''})"
                     if changed else ""))
-    for rel, digest in sorted((record.get("inputs") or {}).items()):
-        try:
-            now_digest = file_hash(root / rel)
-        except UserError:
-            now_digest = None
-        if now_digest != digest:
-            out.append(f"input {rel}: {'missing' if now_digest is None else 'its bytes differ from the record'}")
+    for rel, gone in changed_inputs(record.get("inputs") or {}, root):
+        out.append(f"input {rel}: {'missing' if gone else 'its bytes differ from the record'}")
     if model is not None:
         if not model["exists"]:
             out.append(f"model directory {model['path']}: missing")

@@ -231,6 +231,19 @@ def params_hash(params: Mapping) -> str:
     return hashlib.sha256(canonical_json(plain(flatten_params(params))).encode()).hexdigest()[:12]
 
 
+def changed_inputs(inputs: Mapping, root: Path) -> list[tuple[str, bool]]:
+    """(path, gone) of each input (path -> sha256 as recorded) whose bytes are not the recorded ones now."""
+    out = []
+    for rel, digest in sorted(inputs.items()):
+        try:
+            now = file_hash(Path(root) / rel)
+        except UserError:
+            now = None
+        if now != digest:
+            out.append((rel, now is None))
+    return out
+
+
 def _relative(path: Path, root: Path) -> str:
     try:
         return path.relative_to(root).as_posix()

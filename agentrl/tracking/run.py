@@ -52,6 +52,7 @@ from agentrl.tracking.store import (
     log_artifact,
     probe,
     tracking_uri,
+    vanished,
 )
 from agentrl.tracking.values import (
     MAX_METRICS_PER_BATCH,
@@ -263,7 +264,8 @@ def _close(client, run_id: str, status: str, clean: bool, watcher) -> None:
     except Exception:
         if clean:
             raise
-        print(f"warning: could not mark MLflow run {run_id} as {status}", file=sys.stderr)
+        if not vanished():   # a lost store was said in the stage's one line; its runs went with it
+            print(f"warning: could not mark MLflow run {run_id} as {status}", file=sys.stderr)
         return
     if watcher is not None:
         watcher.closed()

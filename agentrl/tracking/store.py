@@ -50,6 +50,7 @@ from urllib.parse import urlparse
 
 from agentrl.tracking.provenance import ProvenanceError, project_root
 from agentrl.tracking.schemes import SUPPORTED, scheme_problem
+from agentrl.tracking.store_noise import NOISE, noise_note, opened, vanished
 
 try:  # serialises first-time store creation (POSIX); without it a concurrent creation can fail (ensure_store)
     import fcntl
@@ -70,6 +71,12 @@ RETRY_MAX_SLEEP = 1.0
 
 class StoreError(ProvenanceError):
     """The tracking store is unreachable or unusable; the message names the URI."""
+
+
+class StoreLost(StoreError):
+    """The store went away under an open run (its file deleted or replaced): nothing the user's input did, so the
+    boundary's exit 1, in one line; the stage's outputs are kept."""
+    exit_code = 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -286,6 +293,10 @@ def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, wait=time.sl
             return fn(*args, **kwargs)
         except Exception as exc:
             fatal = next((why for s, why in _FATAL.items() if s in _exc_text(exc)), None)
+            gone = vanished() if fatal or "no such table" in _exc_text(exc) else None
+            if gone:
+                raise StoreLost(f"MLflow tracking store: {gone}; the stage's outputs are kept, its run went with "
+                                f"the store ({noise_note()})") from exc
             if fatal:
                 raise StoreError(f"MLflow tracking store {configured_uri()}: {fatal}") from exc
             if attempt == tries - 1 or not _is_transient(exc, init):
@@ -294,19 +305,6 @@ def _retry(fn, *args, init: bool = False, tries: int = RETRY_TRIES, wait=time.sl
             log.debug("store busy (%s); retry %d/%d in %.2fs", type(exc).__name__, attempt + 1, tries, delay)
             wait(delay)
     raise AssertionError("unreachable")
-
-
-class _DropLockedNoise(logging.Filter):
-    """MLflow logs a full traceback for every OperationalError before re-raising it; ours are retried."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            return "database is locked" not in record.getMessage()
-        except Exception:
-            return True
-
-
-_FILTER = _DropLockedNoise()
 
 
 def _store_initialised(db: Path) -> bool:
@@ -364,7 +362,7 @@ def _client(uri: str):
     key = (os.getpid(), uri)
     if key not in _CLIENTS:
         from mlflow.tracking import MlflowClient
-        logging.getLogger("mlflow.store.db.utils").addFilter(_FILTER)
+        logging.getLogger("mlflow.store.db.utils").addFilter(NOISE)
         db = _sqlite_path(uri)
         problem = _directory_problem(db) if db is not None else None
         if problem:   # refused, never created (a caller that did not probe)
@@ -382,6 +380,8 @@ def _client(uri: str):
                         f"unavailable, create the store (agentrl.tracking.store.ensure_store) before starting parallel "
                         f"workers") from exc
                 raise
+        if db is not None:   # what vanished() holds it against
+            opened(db)
         if new:
             print(f"warning: MLflow tracking store {db} did not exist: created it, empty", file=sys.stderr)
     return _CLIENTS[key]
