@@ -231,3 +231,33 @@ def test_the_converted_model_loads_offline_and_gives_the_gguf_models_greedy_logi
     assert torch.equal(a.sequences, b.sequences)
     for x, y in zip(a.logits, b.logits):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@needs_gguf
+def test_the_conversion_records_its_files_and_a_lab_checks_them_before_loading(converted, tmp_path):
+    """Every file the conversion wrote has its sha256 in agentrl_source.json; the weights verify in about a second,
+    and 16 bytes overwritten in the middle of model.safetensors (which the header check accepts) are refused in one
+    line naming the file and the stage to rerun."""
+    import time
+
+    from agentrl.backends.model_dir import check_model_dir
+    from agentrl.backends.pretrained import sha256_file, verified_weights
+    from agentrl.core.knobs import ConfigError
+    _, out = converted
+    record = source(out)
+    assert set(record["files"]) == {p.name for p in out.iterdir() if p.name != SOURCE_FILE}
+    t0 = time.time()
+    assert verified_weights(out, "lab.model") == {"model.safetensors": sha256_file(out / "model.safetensors")}
+    print(f"verified {(out / 'model.safetensors').stat().st_size / 2**20:.0f} MiB of weights in "
+          f"{time.time() - t0:.2f} s")
+    copy = tmp_path / "altered"
+    shutil.copytree(out, copy)
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek((copy / "model.safetensors").stat().st_size // 2)
+        f.write(b"\x7f" * 16)
+    check_model_dir(copy, "lab.model")   # the header and sizes still pass: only the hashes see it
+    with pytest.raises(ConfigError) as err:
+        verified_weights(copy, "lab.model")
+    assert str(err.value).endswith("altered or damaged; rerun `python -m stages.pretrained --model "
+                                   "smollm2-135m-instruct`") and "\n" not in str(err.value)

@@ -308,3 +308,35 @@ def test_a_stage_whose_dvc_process_is_killed_ends_killed_saying_so(project, tmp_
     assert (tmp_path / "stage.err").read_text().strip().splitlines()[-1].startswith(
         "error: probe: terminated (the DVC process that ran it")
     assert (project / "reports/probe.json").read_text() == '{"as": "before"}\n'
+
+
+FULL_DISK = """
+import sys
+sys.path.insert(0, REPO)
+from agentrl.core import boundary
+from agentrl.model.checkpoints import save_policy
+from agentrl.model.policy import ModelConfig, TinyAgent
+model = TinyAgent(ModelConfig(vocab_size=200))   # ~170k parameters: ~0.7 MB, more than the filesystem holds
+sys.exit(boundary.guard("train", save_policy, sys.argv[1] + "/checkpoints/step_0010.pt", model, "tok"))
+"""
+
+
+@pytest.mark.slow   # a subprocess in a private mount namespace
+def test_a_checkpoint_written_to_a_really_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    """The issue's case on a real filesystem: a 512 KiB tmpfs, torch.save's short write (its RuntimeError) is the
+    boundary's disk-full line naming the checkpoint and the space left, and no temporary stays behind."""
+    import subprocess
+    import sys
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare -rm` to mount a small filesystem")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (tmp_path / "save.py").write_text(FULL_DISK.replace("REPO", repr(str(REPO))))
+    cmd = (f"mount -t tmpfs -o size=512k none {mnt} && {sys.executable} {tmp_path / 'save.py'} {mnt}; code=$?; "
+           f"ls -A {mnt}/checkpoints; exit $code")
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f"error: train: cannot write {mnt}/checkpoints/step_0010.pt: No space left on device (")
+    assert "free on that filesystem); free space on that filesystem and run again" in lines[0]
+    assert out.stdout.strip() == ""   # the checkpoints directory holds no temporary

@@ -117,6 +117,9 @@ def kill_all(pids, grace: float = 15.0) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.time() + 10    # SIGKILL is delivered at once, but a process ends when it next leaves the kernel
+    while time.time() < deadline and any(alive(p) for p in stragglers):
+        time.sleep(0.05)
     return stragglers
 
 
