@@ -1,5 +1,5 @@
-"""python -m agentrl check|envcheck|bench|labcheck|labcells|opprobe|labtemps|audit|replay|study|research|sweep|
-compare-reports|deps|params.
+"""python -m agentrl check|envcheck|bench|labcheck|labcells|opprobe|labtemps|labbaselines|audit|replay|study|research|
+sweep|compare-reports|deps|params.
 
 Each verb is an entry point: it validates its arguments (one line on stderr and exit code 2 for a bad one), sets
 torch's thread count once, then works, inside the error boundary (agentrl.core.boundary: exit 1 with a log file for an
@@ -103,6 +103,9 @@ def _model_path(args) -> str | None:
     return path
 
 
+LAB_RECIPE_VERBS = ("labcells", "opprobe", "labtemps", "labbaselines")   # verbs that run one lab recipe
+
+
 def numerics_mode(args) -> str:
     """--numerics, else params.yaml's run.numerics when the file says, else portable (the param's default)."""
     from agentrl.core.config import ParamsError, read_params_file
@@ -113,7 +116,7 @@ def numerics_mode(args) -> str:
         return "portable"
     try:
         params = read_params_file("params.yaml") if Path("params.yaml").exists() else {}
-        if args.cmd in ("labcells", "opprobe", "labtemps"):   # the lab's own numerics, as its stage runs it
+        if args.cmd in LAB_RECIPE_VERBS:   # the lab's own numerics, as its stage runs it
             from agentrl.core.lab_config import stage_mode
             return check_mode(stage_mode(params, "lab", args.lab or (args.config and f"file:{args.config}")))
         run = params.get("run") or {}

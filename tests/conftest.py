@@ -16,6 +16,10 @@ import pytest
 
 from agentrl.core.numerics import pin
 
+# every DVC a test starts, in a repository of its own (`dvc init` writes no core.analytics) or the project's, sends
+# nothing: no analytics daemon is spawned (the project's .dvc/config turns it off for users' own commands)
+os.environ["DVC_NO_ANALYTICS"] = "1"
+
 # the pipeline's default CPU numerics, before torch loads: byte-compared fixtures hold on every machine class
 # (override: AGENTRL_TEST_NUMERICS=native)
 pin(os.environ.get("AGENTRL_TEST_NUMERICS", "portable"))

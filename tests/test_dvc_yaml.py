@@ -148,3 +148,22 @@ def test_the_report_knows_which_stage_writes_each_input():
     for file, stage in WRITTEN_BY.items():
         outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages()[stage]["outs"]}
         assert file in outs, (file, stage)
+
+
+def test_dvc_sends_no_analytics_from_the_project_or_a_tests_own_repository(tmp_path, monkeypatch):
+    """The project's .dvc/config turns analytics off for a user's commands; a repository a test makes with `dvc init`
+    has no such line, so the test session sets DVC_NO_ANALYTICS, which every DVC it starts inherits."""
+    import os
+
+    from dvc.analytics import is_enabled
+    assert os.environ.get("DVC_NO_ANALYTICS") == "1"   # set by conftest for the whole session
+    monkeypatch.delenv("DVC_NO_ANALYTICS")
+    monkeypatch.delenv("DVC_TEST", raising=False)
+    monkeypatch.chdir(REPO)
+    assert not is_enabled()
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[core]\n    no_scm = True\n")   # what `dvc init --no-scm` writes
+    monkeypatch.chdir(tmp_path)
+    assert is_enabled()   # what a bare `dvc init` gives: why the session's variable is needed
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    assert not is_enabled()

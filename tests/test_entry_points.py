@@ -88,6 +88,7 @@ VERBS = {   # verb -> (arguments, a fragment of its one line; None: it ran and s
     "labcells": (["labcells", "--lab", "menu", "--table"], BAD_RL),
     "opprobe": (["opprobe", "--lab", "menu", "--table"], BAD_RL),
     "labtemps": (["labtemps", "--lab", "menu", "--table"], BAD_RL),
+    "labbaselines": (["labbaselines", "--lab", "menu", "--table"], BAD_RL),
     "research": (["research", "stopping", "--seeds", "0", "--steps", "1"], BAD_RL),
     "bench": (["bench", "--steps", "1", "--threads", "1"], None),   # its whole table, from the base it finds
     "labcheck": (["labcheck", "--device", "cuda"], "lab.device: cuda, but torch sees no CUDA device"),

@@ -1,6 +1,7 @@
 """The labs' verbs of `python -m agentrl`: labcheck (a backend proven on a device), labcells (cold starts and
-updates side by side), opprobe (the op the policy would choose after reading each source) and labtemps (a lab's
-checkpoints over a grid of sampling temperatures). Their arguments and
+updates side by side), opprobe (the op the policy would choose after reading each source), labtemps (a lab's
+checkpoints over a grid of sampling temperatures) and labbaselines (more cloning and rejection sampling, matched to
+GRPO's steps). Their arguments and
 commands; nothing here imports torch when the module loads (the entry point pins the CPU numerics first), and each
 command is given the entry point's `set_threads`."""
 from __future__ import annotations
@@ -39,6 +40,11 @@ def add_lab_verbs(sub, int_at_least):
     lt.add_argument("--temperatures", default="0.3,0.5,0.7,1.0", help="comma-separated, each in (0, 2]")
     lt.add_argument("--threads", type=int_at_least(1), default=2)
     lt.add_argument("--table", action="store_true", help="print the lab's grid so far and stop")
+    bl = sub.add_parser("labbaselines", help="compute-matched baselines from a lab's cold start: more cloning and "
+                                             "rejection sampling, as many Adam steps as GRPO took (docs/labs.md)")
+    add_recipe_flags(bl, int_at_least)
+    bl.add_argument("--threads", type=int_at_least(1), default=2)
+    bl.add_argument("--table", action="store_true", help="print the lab's baselines so far and stop")
     return lc
 
 
@@ -124,4 +130,25 @@ def cmd_labtemps(args, set_threads) -> int:
     return 0
 
 
-LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe, "labtemps": cmd_labtemps}
+def cmd_labbaselines(args, set_threads) -> int:
+    """Compute-matched baselines beside GRPO from a lab's kept cold start (agentrl.labs.baselines)."""
+    import json
+
+    from agentrl.core.config import ConfigError
+    from agentrl.labs.baselines import load, report_of, summary, table, train_arms
+    from agentrl.labs.instance import load_named
+    from agentrl.labs.report import interval
+    params, inst = load_named(args.lab, args.config, args.seed)
+    if not args.table:
+        set_threads(args.threads)
+        train_arms(params, inst)
+    arms = load(inst)
+    if arms is None:
+        raise ConfigError(f"labbaselines --table: no baselines for {inst.name} seed {inst.seed} yet (run "
+                          f"labbaselines)")
+    print("\n".join(table(summary(arms, json.loads(report_of(inst).read_text())), interval)))
+    return 0
+
+
+LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe, "labtemps": cmd_labtemps,
+             "labbaselines": cmd_labbaselines}

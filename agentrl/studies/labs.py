@@ -48,6 +48,27 @@ def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
     return out, md
 
 
+def baseline_tables(directory: Path) -> tuple[dict, list[str]]:
+    """({"<recipe>/seed<N>": summary}, markdown) of every committed recipe's compute-matched baselines
+    (labbaselines), each beside its own seed's report."""
+    from agentrl.labs.baselines import summary, table
+    from agentrl.labs.report import interval
+    out, md = {}, []
+    for path in sorted(directory.glob("*/seed*.baselines.json")):
+        if path.parent.name in ("explored", "direct"):
+            continue
+        arms, seed_name = read_json(path), path.name.split(".")[0]
+        record = read_json(path.with_name(f"{seed_name}.json"))
+        s = summary(arms, record)
+        out[f"{path.parent.name}/{seed_name}"] = s
+        md += ["", f"### `{path.parent.name}` seed {arms['seed']}: GRPO beside compute-matched baselines", "",
+               f"Each arm from the same kept cold start, {s['grpo_optimizer_steps']} Adam steps (GRPO's) at the cold "
+               f"start's learning rate {record['config']['clone_lr']:g} (GRPO's: {record['config']['lr']:g}), "
+               f"held-out pass@k over {s['tasks']} tasks x {arms['eval_per_task']} episodes on its own stream; "
+               "`python -m agentrl labbaselines`:", "", *table(s, interval)]
+    return out, md
+
+
 def rows(recipes: dict) -> list[tuple[str, dict]]:
     """(label, numbers) of each seed's report, by recipe then seed."""
     return [(f"`{name}` seed {seed}", by_seed[seed]) for name, by_seed in sorted(recipes.items())
@@ -84,6 +105,7 @@ def comparison() -> int:
     table = comparison_table(rows(committed), book=True)
     pooled, seeds_md = seeds_tables(committed)
     tempered, temps_md = temperature_tables(labs)
+    matched, baselines_md = baseline_tables(labs)
     explored_table = comparison_table(rows(explored) + [(f"`{n}`", r) for n, r in sorted(direct.items())])
     explored_pooled, explored_seeds_md = seeds_tables(explored, "reports/labs/explored")
     older += [f"explored/{n}" for n in older_explored]
@@ -93,7 +115,7 @@ def comparison() -> int:
     pick = lambda recipes: {n: {s: {k: r[k] for k in KEEP} for s, r in by.items()} for n, by in recipes.items()}
     write_json(labs / "comparison.json",
                {"book_qwen3_0_6b": BOOK_QWEN3_06B, "recipes": pick(committed), "seeds": pooled,
-                "temperatures": tempered,
+                "temperatures": tempered, "baselines": matched,
                 "explored": pick(explored), "explored_seeds": explored_pooled,
                 "direct": {n: {k: r[k] for k in KEEP} for n, r in direct.items()}, "not_compared": older})
     md = ["# The labs side by side", "",
@@ -107,7 +129,12 @@ def comparison() -> int:
           *(["", "### Temperature as a control", "",
              "A cooler sampler can raise the cold start's pass without any training: GRPO's gain is stated over the "
              "cold start at its best temperature too (agentrl/labs/temperatures.py)."] if temps_md else []),
-          *temps_md, "",
+          *temps_md,
+          *(["", "### More training, or the reward?", "",
+             "GRPO's extra steps could be what helps, not its reward: the same number of Adam steps of more cloning, "
+             "and of cloning the cold start's own passing episodes from GRPO's sampling budget (rejection sampling), "
+             "beside it (agentrl/labs/baselines.py)."] if baselines_md else []),
+          *baselines_md, "",
           "## Explored recipes", "",
           "The recipes tried while the committed ones were found, kept as history under `reports/labs/explored/` "
           "(each with its config and the commit it ran at; docs/labs_research.md says why each was tried), and labs "

@@ -1,0 +1,183 @@
+"""Compute-matched baselines beside GRPO: is a lab's gain the reward's, or only more training from the same start?
+
+`python -m agentrl labbaselines --lab NAME --seed N` starts each arm from the lab's kept cold start
+(data/labs/<lab>/seed<N>/cold_start), trains it for as many Adam steps as GRPO took (its updated steps x rl.epochs x
+rl.minibatches, read from the lab's report), and evaluates it on the held-out tasks on an evaluation stream of its own
+(the lab's episodes per task, temperature 1). It writes the recipe's seed<N>.baselines.json beside the report.
+
+    more_cloning        the cold start's cloning, continued: the same expert conversations (drawn again from the
+                        lab's cold-start stream), lab.clone_lr, lab.clone_batch
+    rejection_sampling  GRPO's episode budget (steps x tasks_per_step x episodes_per_task) sampled from the cold start
+                        at temperature 1, tasks drawn as GRPO draws them; the episodes that passed their hidden tests
+                        cloned at lab.clone_lr, lab.clone_batch (expert iteration, STaR, RAFT)
+
+Each arm's policy tokens trained are counted beside GRPO's steps. summary() pairs every arm per task with the cold
+start (arm - cold start) and with GRPO's checkpoint (GRPO - arm), at pass@1 and pass@k (agentrl.labs.passk).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+from agentrl.core.artifacts import write_json
+from agentrl.core.config import ConfigError
+from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
+from agentrl.labs.temperatures import rates
+
+ARMS = ("more_cloning", "rejection_sampling")
+
+
+def path_of(inst):
+    return inst.report.with_suffix(".baselines.json")
+
+
+def report_of(inst):
+    return inst.report.with_suffix(".json")
+
+
+def grpo_optimizer_steps(record: dict) -> int:
+    """The Adam steps GRPO took in a lab's record: each updated step runs rl.epochs passes of rl.minibatches."""
+    return record["training"]["steps_updated"] * record["rl"]["epochs"] * record["rl"]["minibatches"]
+
+
+def policy_tokens(trajs: list) -> int:
+    from agentrl.rl.rollout import OWNER
+    return sum(o == OWNER["policy"] for t in trajs for o in t.owner)
+
+
+def more_cloning(model, run, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
+    """The cold start cloned on for `steps` more Adam steps on its own demonstrations."""
+    from agentrl.core.seeding import generator
+    from agentrl.labs.recipe import demonstrations
+    from agentrl.starting.chat import clone
+    demos = demonstrations(run, tasks, chat, env_factory, generator(seed, "lab", "cold_start"))
+    losses = clone(model, demos, chat, steps, run.clone_lr, run.clone_batch,
+                   generator(seed, "lab", "baseline", "more_cloning"))
+    per_demo = policy_tokens(demos) / len(demos)
+    return {"steps": steps, "examples": len(demos), "policy_tokens": round(per_demo * run.clone_batch * steps),
+            "loss_first": losses[0], "loss_last": losses[-1]}
+
+
+def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
+    """GRPO's episode budget sampled from the cold start, the passing episodes cloned for `steps` Adam steps."""
+    import torch
+
+    from agentrl.core.seeding import generator
+    from agentrl.rl.rollout import draw_tasks, sample_groups
+    from agentrl.starting.chat import clone
+    g = generator(seed, "lab", "baseline", "rejection_sampling")
+    model.eval()
+    episodes = []
+    with torch.no_grad():
+        for _ in range(run.steps):
+            chosen = draw_tasks(tasks, cfg.tasks_per_step, g, None, cfg.task_draw)
+            episodes += sample_groups(model, env_factory, chosen, chat, cfg, g, 1.0)
+    passed = [t for t in episodes if t.reward > 0]
+    out = {"sampled": len(episodes), "passed": len(passed), "steps": 0, "policy_tokens": 0}
+    if passed:   # none passed: nothing to clone, the arm is the cold start
+        losses = clone(model, passed, chat, steps, run.clone_lr, run.clone_batch, g)
+        out.update(steps=steps, policy_tokens=round(policy_tokens(passed) / len(passed) * run.clone_batch * steps),
+                   loss_first=losses[0], loss_last=losses[-1])
+    return out
+
+
+def train_arms(params: dict, inst, log=print) -> dict:
+    """{arm: {training, held_out, seconds}} for each arm of ARMS, written to path_of(inst)."""
+    import torch
+
+    from agentrl.core.config import lab_run
+    from agentrl.env.tasks import make_tasks
+    from agentrl.labs.recipe import env_factory_for, held_out, load_policy, rl_config
+    run, seed, lab = lab_run(inst.name, inst.spec), inst.seed, params["lab"]
+    cold = inst.work_dir / "cold_start"
+    how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
+    if not (cold / "config.json").is_file() or not report_of(inst).is_file():
+        raise ConfigError(f"labbaselines: {cold} or {report_of(inst)} not found (run the lab first: python -m "
+                          f"stages.lab {how} --seed {seed})")
+    record = json.loads(report_of(inst).read_text())
+    if not record.get("training", {}).get("steps_updated"):
+        raise ConfigError(f"labbaselines: {report_of(inst)} records no GRPO update, so there is no budget to match")
+    steps, cfg = grpo_optimizer_steps(record), rl_config(params["rl"], run, seed)
+    train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
+    env_factory, eval_factory = env_factory_for(run), env_factory_for(run, evaluation=True)
+    out: dict = {"seed": seed, "grpo_optimizer_steps": steps, "eval_per_task": run.eval_per_task,
+                 "budget_episodes": run.steps * run.tasks_per_step * run.episodes_per_task}
+    previous = torch.get_default_device()
+    torch.set_default_device(lab.device)
+    try:
+        for arm in ARMS:
+            t0 = time.time()
+            model, chat, _ = load_policy(replace(run, model=str(cold)), seed, cold, lab.device)
+            if arm == "more_cloning":
+                training = more_cloning(model, run, seed, chat, train_tasks, env_factory, steps)
+            else:
+                training = rejection_sampling(model, run, cfg, seed, chat, train_tasks, env_factory, steps)
+            trained = time.time() - t0
+            result = held_out(model, heldout, chat, run, cfg, eval_factory, seed, arm, lab.eval_batch)
+            out[arm] = {"training": training, "held_out": result,
+                        "seconds": {"train": round(trained, 1), "eval": round(time.time() - t0 - trained, 1)}}
+            log(f"labbaselines {inst.name} seed {seed}: {arm}: {result['pass_rate']:.3f} held-out "
+                f"({training['steps']} Adam steps, {time.time() - t0:.0f} s)")
+    finally:
+        torch.set_default_device(previous)
+    write_json(path_of(inst), out)
+    return out
+
+
+def summary(arms: dict, record: dict, n_boot: int = 10_000) -> dict:
+    """Each arm against the cold start and GRPO's checkpoint of the same lab seed, paired over tasks, with pass@k."""
+    from agentrl.labs import passk
+    seed = arms["seed"]
+    counts = {"before": record["before"]["per_task"], "after": record["after"]["per_task"],
+              **{arm: arms[arm]["held_out"]["per_task"] for arm in ARMS if arm in arms}}
+    if len({tuple(sorted(c)) for c in counts.values()}) != 1:
+        raise ConfigError("labbaselines: the arms' held-out tasks differ from the lab report's")
+
+    def ci(values):
+        return dict(zip(("mean", "lo", "hi"), bootstrap_ci(values, n_boot, seed=seed)))
+
+    def diff(a, b):
+        return dict(zip(("mean", "lo", "hi"), paired_bootstrap_diff(rates(a), rates(b), n_boot, seed=seed)))
+    out = {"tasks": len(counts["before"]), "grpo_optimizer_steps": arms["grpo_optimizer_steps"],
+           "pass": {col: ci(rates(c)) for col, c in counts.items()},
+           "pass_at_k": {col: passk.stats({col: c}, seed, n_boot) for col, c in counts.items()}}
+    for arm in ARMS:
+        if arm in arms:
+            out[arm] = {"training": arms[arm]["training"], "over_cold_start": diff(counts["before"], counts[arm]),
+                        "grpo_over_it": diff(counts[arm], counts["after"])}
+    return out
+
+
+LABELS = {"before": "the cold start", "more_cloning": "more cloning", "rejection_sampling": "rejection sampling",
+          "after": "GRPO"}
+
+
+def table(s: dict, interval) -> list[str]:
+    """Markdown of summary(): held-out pass and pass@k per arm, then each arm paired with the cold start and GRPO."""
+    cols = [c for c in LABELS if c in s["pass"]]
+    ks = list(s["pass_at_k"]["before"])
+    out = ["| | " + " | ".join(f"pass@{k}" for k in ks) + " | Adam steps | policy tokens trained |",
+           "|---|" + "---|" * (len(ks) + 2)]
+    for col in cols:
+        steps = {"before": "", "after": str(s["grpo_optimizer_steps"])}.get(col)
+        tokens = "" if col in ("before", "after") else f"{s[col]['training']['policy_tokens']:,}"
+        if steps is None:
+            steps = str(s[col]["training"]["steps"])
+        out.append(f"| {LABELS[col]} | " + " | ".join(interval(s["pass_at_k"][col][k][col]) for k in ks)
+                   + f" | {steps} | {tokens} |")
+    out += ["", "| arm | arm - the cold start (paired) | GRPO - arm (paired) |", "|---|---|---|"]
+    for arm in ARMS:
+        if arm in s:
+            extra = ""
+            if arm == "rejection_sampling":
+                t = s[arm]["training"]
+                extra = f" ({t['passed']} of {t['sampled']} sampled episodes passed and were cloned)"
+            out.append(f"| {LABELS[arm]}{extra} | {interval(s[arm]['over_cold_start'], True)} | "
+                       f"{interval(s[arm]['grpo_over_it'], True)} |")
+    return out
+
+
+def load(inst) -> dict | None:
+    path = path_of(inst)
+    return json.loads(path.read_text()) if path.is_file() else None
