@@ -40,9 +40,8 @@ def _make_probe_project(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch, store_template):
-    root = _make_probe_project(tmp_path)
+def enter_probe_project(root: Path, tmp_path, monkeypatch, store_template) -> Path:
+    """Work in `root` as its stage would: a copy of the empty store, DVC_ROOT, a log directory, no debug mode."""
     db = tmp_path / "mlflow.db"
     shutil.copy(store_template, db)
     monkeypatch.chdir(root)
@@ -51,6 +50,11 @@ def project(tmp_path, monkeypatch, store_template):
     monkeypatch.setenv(boundary.LOG_DIR_ENV, str(tmp_path / "logs"))
     monkeypatch.delenv(boundary.DEBUG_ENV, raising=False)
     return root
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, store_template):
+    return enter_probe_project(_make_probe_project(tmp_path), tmp_path, monkeypatch, store_template)
 
 
 def _runs():

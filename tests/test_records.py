@@ -26,22 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 def project(tmp_path, monkeypatch, store_template):
     """A temp project (tests/test_boundary.py's): stage `probe` reads `select`, writes reports/probe.json, uncached
     and persistent like every report."""
-    from test_boundary import _make_probe_project
+    from test_boundary import _make_probe_project, enter_probe_project
     root = _make_probe_project(tmp_path)
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
         "cmd": "python -m stages.probe", "deps": ["stages/probe.py", "data/in.json"], "params": ["select"],
         "outs": [{"reports/probe.json": {"cache": False, "persist": True}}, "data/out.json"]}}}))
     (root / "reports").mkdir()
     (root / "reports" / "probe.json").write_text('{"as": "before"}\n')
-    db = tmp_path / "mlflow.db"
-    shutil.copy(store_template, db)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("DVC_ROOT", str(root))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db.as_posix()}")
-    monkeypatch.setenv(boundary.LOG_DIR_ENV, str(tmp_path / "logs"))
-    monkeypatch.delenv(boundary.DEBUG_ENV, raising=False)
     monkeypatch.delenv("DVC_STAGE", raising=False)
-    return root
+    return enter_probe_project(root, tmp_path, monkeypatch, store_template)
 
 
 def _stage(body):
