@@ -59,12 +59,16 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
         from agentrl.labs.progress import clear_progress
         from agentrl.labs.recipe import run_lab
         keep_freed_memory()
+        from agentrl.labs.phase_cache import CACHE_DIR, PhaseCache, stage_context
         from agentrl.labs.report import lab_report
         from agentrl.labs.timing import SandboxShare
+        from agentrl.tracking.provenance import project_root
         share = SandboxShare()
         record = run_lab(inst.name, lab_run(inst.name, inst.spec), inst.seed, ctx.params, inst.work_dir,
                          inst.model_dir, hooks=[share], clock=share.clock, past_gates=past_gates,
-                         resume_key=ctx.run.fingerprint)
+                         resume_key=ctx.run.fingerprint,
+                         cache=PhaseCache(project_root() / CACHE_DIR, stage_context(ctx.run.record),
+                                          f"{inst.stage} (MLflow run {ctx.run.run_id})"))
         record["threads"] = ctx.threads
         if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
             write_json(inst.model_dir / "model.json", {"model_dir": record["model_dir"], "model": record["model"]})

@@ -217,22 +217,53 @@ def gate_failures(gate: dict, signal: dict | None, run) -> list[str]:
     return out
 
 
+def unwrap(kept: dict, reused: dict, what: str) -> dict:
+    """A cacheable phase's result; where it was reused from, if it was, into `reused` (a resumed lab reads both
+    back from its progress)."""
+    if kept["reused"] is not None:
+        reused[what] = kept["reused"]
+    return kept["result"]
+
+
 PHASES = ["eval_pretrained", "cold_start", "signal_check", "preflight", "eval_before", "grpo", "eval_after"]
 
 
-def progress_key(resume_key: str, model) -> str:
-    """The stage's fingerprint with the loaded model's weights: progress from other weights is never resumed."""
+def progress_key(resume_key: str, digest: str) -> str:
+    """The stage's fingerprint with the loaded model's weights digest: progress from other weights is never
+    resumed."""
     import hashlib
-    return hashlib.sha256(f"{resume_key}:{weights_digest(model)}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{resume_key}:{digest}".encode()).hexdigest()[:16]
+
+
+def pretrained_eval_inputs(run, seed: int, weights: str, chat, tasks: list, eval_batch: int, device: str) -> dict:
+    """What the pretrained model's as-is evaluation is a function of, besides the stage's code and machine
+    (agentrl.labs.phase_cache): its weights, the held-out tasks, the evaluation's settings and the seed."""
+    from agentrl.labs.phase_cache import task_digest
+    return {"weights": weights, "dtype": run.dtype, "device": device, "seed": seed, "chat": chat.hash,
+            "environment": run.environment, "tasks": task_digest(tasks), "eval_per_task": run.eval_per_task,
+            "new_tokens": run.new_tokens, "max_turns": run.max_turns, "eval_batch": eval_batch}
+
+
+def cold_start_inputs(run, seed: int, weights: str, chat, tasks: list, device: str) -> dict:
+    """What the cold start is a function of, besides the stage's code and machine: the weights it starts from, the
+    training tasks, the demonstrations' and the cloning's settings and the seed (never GRPO's knobs)."""
+    from agentrl.labs.phase_cache import task_digest
+    return {"weights": weights, "dtype": run.dtype, "device": device, "seed": seed, "chat": chat.hash,
+            "environment": run.environment, "tasks": task_digest(tasks), "max_turns": run.max_turns,
+            "p_rename_operands": run.rl.get("p_rename_operands", 0.0), "demos": run.demos,
+            "demos_per_task": run.demos_per_task, "clone_steps": run.clone_steps, "clone_lr": run.clone_lr,
+            "clone_batch": run.clone_batch}
 
 
 def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
-            clock=None, past_gates: bool = False, resume_key: str | None = None) -> dict:
+            clock=None, past_gates: bool = False, resume_key: str | None = None, cache=None) -> dict:
     """The lab `name` (its LabRun `run`) at `seed` -> the report's record; writes checkpoints under out_dir and, when
     its model is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it
     before GRPO (the record says why, under `stopped`) unless past_gates. With a resume_key (the stage's fingerprint)
     every finished phase and GRPO step is kept under out_dir/progress and a lab killed part-way goes on from there
-    (agentrl.labs.progress)."""
+    (agentrl.labs.progress). With a cache (agentrl.labs.phase_cache.PhaseCache) the pretrained model's evaluation
+    and the cold start are reused where an earlier lab computed them from the same inputs; the record's `reused`
+    says which, and from where."""
     lab, rl = params["lab"], params["rl"]
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
@@ -244,18 +275,26 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
         log(f"lab {name}: {what} {timings[what]} s" + (" (kept from an earlier attempt)" if kept else ""))
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
-    history, changed, stopped, signal = [], False, None, {}
+    history, changed, stopped, signal, reused = [], False, None, {}, {}
     try:
         t0 = time.time()
         model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
         lap("load", time.time() - t0)
-        progress = LabProgress(out_dir / "progress", resume_key and progress_key(resume_key, model))
+        loaded_digest = weights_digest(model)
+        progress = LabProgress(out_dir / "progress", resume_key and progress_key(resume_key, loaded_digest))
 
         def phase(what, compute, restore=None):
             kept = progress.done(what)
             result, seconds = progress.phase(what, compute, restore)
             lap(what, seconds, kept)
             return result
+
+        def cached(what, inputs, compute, reuse=None, model_dir=None):
+            """{"result": compute() or its cached result for these inputs, "reused": where from, or None}."""
+            if cache is None:
+                return {"result": compute(), "reused": None}
+            result, came_from = cache.phase(what, inputs, compute, reuse, model_dir)
+            return {"result": result, "reused": came_from}
         kept_grpo = progress.grpo_checkpoint()
         left = progress.first_phase_left([p for p in PHASES if (p != "eval_pretrained" or run.model)
                                           and (p != "signal_check" or run.signal_tasks)])
@@ -267,8 +306,11 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
         evaluations = {}
         from agentrl.backends.hf import save_model
         if run.model:   # a pretrained model as it is: the column before any training
-            evaluations["pretrained"] = phase("eval_pretrained", lambda: held_out(
-                model, heldout, chat, run, cfg, eval_factory, seed, "pretrained", lab.eval_batch))
+            evaluations["pretrained"] = unwrap(phase("eval_pretrained", lambda: cached(
+                "eval_pretrained", pretrained_eval_inputs(run, seed, loaded_digest, chat, heldout, lab.eval_batch,
+                                                          lab.device),
+                lambda: held_out(model, heldout, chat, run, cfg, eval_factory, seed, "pretrained", lab.eval_batch))),
+                reused, "eval_pretrained")
 
         def cold_start():
             g = stream_generator(seed, "lab", "cold_start")
@@ -279,7 +321,15 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             return {"demos": len(demos), "kind": run.demos,
                     "demo_pass": sum(d.reward for d in demos) / max(len(demos), 1), "steps": run.clone_steps,
                     "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
-        cold = phase("cold_start", cold_start, restore=lambda _: load_weights(model, out_dir / "cold_start"))
+        from agentrl.labs.phase_cache import copy_model
+
+        def reuse_cold_start(entry):
+            copy_model(entry, out_dir / "cold_start")
+            load_weights(model, out_dir / "cold_start")
+        cold = unwrap(phase("cold_start", lambda: cached(
+            "cold_start", cold_start_inputs(run, seed, loaded_digest, chat, train_tasks, lab.device), cold_start,
+            reuse_cold_start, out_dir / "cold_start"),
+            restore=lambda _: load_weights(model, out_dir / "cold_start")), reused, "cold_start")
 
         if run.signal_tasks:
             signal["before"] = phase("signal_check", lambda: signal_check(
@@ -337,7 +387,7 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
             "cold_start": cold,
             "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,
-            "weights_changed": changed, "timings_s": timings, "wall_s": round(wall_s, 1),
+            "weights_changed": changed, "timings_s": timings, "reused": reused, "wall_s": round(wall_s, 1),
             "cpu_s": round(cpu_s, 1), "attempts": progress.state["attempts"],
             "peak_memory_mib": round(peak_memory_mib(), 1),
             "peak_device_memory_mib": peak_device_memory_mib(lab.device)}

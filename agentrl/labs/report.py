@@ -247,6 +247,9 @@ def cost_lines(record: dict) -> list[str]:
     if len(attempts) > 1:   # a lab killed part-way and run again (agentrl.labs.progress)
         out.append(f"- Run in {len(attempts)} attempts (a kill and a rerun); they started at: {', '.join(attempts)}. "
                    "The times add up every attempt; the peak memory is the last one's.")
+    for what, came in (record.get("reused") or {}).items():   # agentrl.labs.phase_cache
+        out.append(f"- {what} reused, not computed: the result {came['computed_by']} computed in {came['seconds']:.0f} "
+                   f"s from the same inputs (`{came['from']}`).")
     if record.get("peak_device_memory_mib") is not None:
         out.append(f"- Peak {record['device']} memory allocated {record['peak_device_memory_mib']:.0f} MiB.")
     return out
