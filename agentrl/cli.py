@@ -386,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16, and under portable numerics)")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
+    b.add_argument("--clone-rows", type=_int_at_least(1), default=4, help="hf: conversations of the measured cloning "
+                   "step (the committed recipe's clone_batch)")
     b.add_argument("--isa-caps", action="store_true", help="hf, instead: a GEMM of the model's shapes in fp32 and "
                    "bf16 under each cap on the CPU libraries' instruction sets (AVX512-BF16, AVX-512, AVX2, "
                    "portable), one child process each (docs/performance.md)")

@@ -272,7 +272,8 @@ def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "hf", "--rows", "2",
-                          "--new-tokens", "3", "--steps", "1", "--memory-rows", "2", "--threads", "1", "--json"],
+                          "--new-tokens", "3", "--steps", "1", "--memory-rows", "2", "--clone-rows", "2", "--threads",
+                          "1", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -281,6 +282,11 @@ def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
     assert mem["policy"]["policy_tokens"] == mem["full"]["policy_tokens"] > 0
     assert mem["full"]["peak_above_mib"] > 2 * mem["policy"]["peak_above_mib"]
     assert result["cpu"]["onednn_cap"] == "AVX2"   # params.yaml's portable numerics, recorded beside the flags
+    floors = result["fp32"]["floors"]   # each phase beside its floor, from the same run's bandwidth and GEMM
+    assert [f["phase"].split(",")[0] for f in floors] == ["decode step", "update pass", "cloning step"]
+    assert all(f["floor_s"] == max(f["memory_s"], f["compute_s"]) > 0 and f["ratio"] == f["seconds"] / f["floor_s"]
+               for f in floors)
+    assert "| phase | time (ms) | floor (ms) | bound by |" in out.stdout
 
 
 @pytest.mark.slow

@@ -260,33 +260,93 @@ def sampler_weight_bytes(model) -> int:
     return sum(w.numel() * w.element_size() for w in model.sampler_weights.copies)
 
 
+def cloning_step(model, chat, rows: int, repeats: int = 3) -> dict:
+    """The cold start's step as the lab runs it (agentrl.starting.chat.clone: `rows` expert conversations, forward,
+    backward, Adam), median seconds after a warm-up step; the model's weights are put back afterwards."""
+    import torch
+
+    from agentrl.env.gym.environment import make_env_factory
+    from agentrl.env.tasks import make_tasks
+    from agentrl.rl.rollout import collate
+    from agentrl.starting.chat import clone, expert_demo
+    tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
+    demos = [expert_demo(factory(tasks[i % len(tasks)], gen), chat) for i in range(rows)]
+    batch = collate(demos, chat.pad_id)
+    saved = {k: v.clone() for k, v in model.lm.state_dict().items()}
+    stamps = [time.perf_counter()]
+    clone(model, demos, chat, repeats + 1, 1e-6, None, gen, on_step=lambda *_: stamps.append(time.perf_counter()))
+    with torch.no_grad():
+        model.lm.load_state_dict(saved)
+    model.eval()
+    steps = [b - a for a, b in zip(stamps, stamps[1:])][1:]
+    return {"rows": rows, "width": int(batch["ids"].shape[1]), "policy_tokens": int(batch["action_mask"].sum()),
+            "seconds": statistics.median(steps)}
+
+
+def phase_floors(model, dtype: str, scan: list, sampling: dict, update: dict, cloning: dict,
+                 bandwidth: float) -> list[dict]:
+    """Each phase's measured seconds beside its floor (agentrl.bench.floors): decode steps at each row count (the
+    KV cache at the prompt plus half the new tokens), the update's forward and backward, a cloning step."""
+    from agentrl.bench import floors
+    shapes = floors.shapes_of(model.lm.config, model.num_params())
+    gemm = update["gemm_gflops"]
+    context = int(sampling["prompt_tokens"] + sampling["new_tokens"] / 2)
+    rows = [{"phase": f"decode step, {d['rows']} rows", "seconds": d["s_per_token"],
+             **floors.floor(*floors.decode_step(shapes, d["rows"], context, dtype), gemm, bandwidth)} for d in scan]
+    rows.append({"phase": f"update pass, {update['rows']} x {update['width']} tokens", "seconds": update["seconds"],
+                 **floors.floor(*floors.training_pass(shapes, update["rows"], update["width"],
+                                                      update["policy_tokens"], dtype), gemm, bandwidth)})
+    pass_flops, pass_bytes = floors.training_pass(shapes, cloning["rows"], cloning["width"],
+                                                  cloning["policy_tokens"], dtype)
+    rows.append({"phase": f"cloning step, {cloning['rows']} x {cloning['width']} tokens + Adam",
+                 "seconds": cloning["seconds"],
+                 **floors.floor(pass_flops, pass_bytes + floors.adam_step(shapes)[1], gemm, bandwidth)})
+    for r in rows:
+        r["ratio"] = r["seconds"] / r["floor_s"]
+        r["context"] = context if r["phase"].startswith("decode") else None
+    return rows
+
+
+def floor_table(dtype: str, rows: list[dict], gemm: float, bandwidth: float) -> list[str]:
+    out = [f"  [{dtype}] each phase against its floor: max(bytes / {bandwidth:.1f} GB/s read, FLOPs / {gemm:.1f} "
+           f"GFLOP/s {dtype} GEMM of the model's shapes), both measured in this run",
+           "  | phase | time (ms) | floor (ms) | bound by | GFLOP | GB | time / floor |",
+           "  |---|---|---|---|---|---|---|"]
+    out += [f"  | {r['phase']} | {1000 * r['seconds']:.1f} | {1000 * r['floor_s']:.1f} | {r['bound']} | "
+            f"{r['gflop']:.2f} | {r['gbytes']:.3f} | x{r['ratio']:.1f} |" for r in rows]
+    return out
+
+
 def bench_dtype(args, model, chat, dtype: str, bandwidth: float, threads: int, hidden: int, layers: int) -> dict:
-    """One dtype's row of the bench: sampler against generate, decode against rows with the memory-bound floor, the
-    gap, the update's throughput against a same-run GEMM, the update's memory."""
+    """One dtype's row of the bench: sampler against generate, decode against rows, the gap, the update's
+    throughput against a same-run GEMM, a cloning step, each phase against its floor, the update's memory."""
     model.set_precision(dtype)
     rows = sorted(args.rows)
     s = compare_sampling(model, chat, rows[0], args.new_tokens, args.steps)
-    floor_s = sampler_weight_bytes(model) / (bandwidth * 1e9)
+    weights_floor_s = sampler_weight_bytes(model) / (bandwidth * 1e9)
     scan = [decode_scan(model, chat, r, args.new_tokens) for r in rows]
     u = update_throughput(model, chat, args.memory_rows, max(args.steps, 1))
+    c = cloning_step(model, chat, args.clone_rows, max(min(args.steps, 3), 1))
+    floors_ = phase_floors(model, dtype, scan, s, u, c, bandwidth)
     print(f"  [{dtype}] sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new "
           f"tokens each (median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new "
           f"token, plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
     for d in scan:
         print(f"  [{dtype}] decode at {d['rows']:4d} rows: {1000 * d['s_per_token']:.1f} ms per new token "
-              f"(memory-bound floor {1000 * floor_s:.1f} ms: x{d['s_per_token'] / floor_s:.1f}); sampler-trainer "
-              f"gap mean {d['gap_mean']:.2e}, max {d['gap_max']:.2e} nats")
+              f"(the weights read once: {1000 * weights_floor_s:.1f} ms); sampler-trainer gap mean "
+              f"{d['gap_mean']:.2e}, max {d['gap_max']:.2e} nats")
     tokens_s = u["rows"] * u["width"] / u["seconds"]
     print(f"  [{dtype}] update, {u['rows']} rows of {u['width']} tokens ({u['policy_tokens']} policy tokens), forward "
           f"+ backward: {u['seconds']:.2f} s ({tokens_s:.0f} tokens/s), {u['achieved_gflops']:.1f} GFLOP/s against a "
           f"same-run {dtype} GEMM of the model's shapes at {u['gemm_gflops']:.1f} GFLOP/s: x{u['ratio']:.2f}")
+    print("\n".join(floor_table(dtype, floors_, u["gemm_gflops"], bandwidth)))
     mem = {v: child_memory(v, args.model, hidden, layers, args.memory_rows, threads, dtype) for v in ("policy", "full")}
     p, f = mem["policy"], mem["full"]
     print(f"  [{dtype}] update memory, {p['rows']} rows of {p['width']} tokens, peak resident set above the start: "
           f"LM head on policy positions {p['peak_above_mib']:.0f} MiB, full logits {f['peak_above_mib']:.0f} MiB: "
           f"x{f['peak_above_mib'] / max(p['peak_above_mib'], 1):.1f}")
-    return {"sampling": s, "decode": scan, "floor_s_per_token": floor_s, "update": {**u, "tokens_per_s": tokens_s},
-            "memory": mem}
+    return {"sampling": s, "decode": scan, "floor_s_per_token": weights_floor_s,
+            "update": {**u, "tokens_per_s": tokens_s}, "cloning": c, "floors": floors_, "memory": mem}
 
 
 def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
