@@ -54,6 +54,21 @@ def test_arms_on_other_tasks_than_the_report_are_refused():
         baselines.summary(other, RECORD)
 
 
+def test_an_unknown_arm_is_one_line_naming_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"^labbaselines --arms: unknown value 'dpo'; allowed: more_cloning, "
+                                          r"rejection_sampling, rejection_sampling_grpo_lr$"):
+        baselines.check_arms(["rejection_sampling", "dpo"])
+
+
+def test_the_arm_at_grpos_lr_is_labelled_with_its_lr():
+    from agentrl.labs.report import interval
+    at_lr = {**ARMS, "rejection_sampling_grpo_lr": {
+        "held_out": {"per_task": counts([0, 2, 2, 4])},
+        "training": {"steps": 32, "policy_tokens": 2048, "sampled": 512, "passed": 300, "lr": 1e-5}}}
+    md = "\n".join(baselines.table(baselines.summary(at_lr, RECORD, n_boot=200), interval))
+    assert "| rejection sampling at GRPO's lr (300 of 512 sampled episodes passed and were cloned at lr 1e-05) |" in md
+
+
 def test_the_table_names_each_arm_its_steps_tokens_and_what_rejection_sampling_kept():
     from agentrl.labs.report import interval
     md = "\n".join(baselines.table(baselines.summary(ARMS, RECORD, n_boot=500), interval))
@@ -109,7 +124,14 @@ def test_both_arms_train_from_the_kept_cold_start_for_grpos_steps(tmp_path, monk
     assert out["more_cloning"]["training"]["steps"] == steps
     rs = out["rejection_sampling"]["training"]
     assert rs["sampled"] == out["budget_episodes"] == 1 * 2 * 2 and rs["passed"] == 2 and rs["steps"] == steps
-    assert len(cloned) == 2 and len(cloned[1]) == 2 and all(t.reward == 1.0 for t in cloned[1])
+    assert len(cloned) == 3 and len(cloned[1]) == 2 and all(t.reward == 1.0 for t in cloned[1])
+    # at GRPO's lr: the same sampled episodes cloned (the same stream), only the step size differs
+    assert [t.ids for t in cloned[2]] == [t.ids for t in cloned[1]]
+    at_lr = out["rejection_sampling_grpo_lr"]["training"]
+    assert (at_lr["lr"], rs["lr"]) == (record["config"]["lr"], record["config"]["clone_lr"]) and at_lr["lr"] != rs["lr"]
+    # --arms: one arm run again keeps the others' results of the same budget
+    again = baselines.train_arms(params, inst, log=lambda *_: None, arms=["more_cloning"])
+    assert again["rejection_sampling"] == json.loads(json.dumps(out["rejection_sampling"]))
     for arm in baselines.ARMS:
         assert sum(v["n"] for v in out[arm]["held_out"]["per_task"].values()) == 10   # 10 tasks x 1 episode
     assert json.loads(baselines.path_of(inst).read_text())["grpo_optimizer_steps"] == steps

@@ -10,6 +10,11 @@ rl.minibatches, read from the lab's report), and evaluates it on the held-out ta
     rejection_sampling  GRPO's episode budget (steps x tasks_per_step x episodes_per_task) sampled from the cold start
                         at temperature 1, tasks drawn as GRPO draws them; the episodes that passed their hidden tests
                         cloned at lab.clone_lr, lab.clone_batch (expert iteration, STaR, RAFT)
+    rejection_sampling_grpo_lr
+                        the same episodes and batches (the same stream), cloned at GRPO's learning rate (lab.lr):
+                        rejection sampling with GRPO's step size, so that GRPO - it compares the two signals alone
+
+`--arms` runs some of them; their results replace those arms' in an existing seed<N>.baselines.json of the same budget.
 
 Each arm's policy tokens trained are counted beside GRPO's steps. summary() pairs every arm per task with the cold
 start (arm - cold start) and with GRPO's checkpoint (GRPO - arm), at pass@1 and pass@k (agentrl.labs.passk).
@@ -24,8 +29,6 @@ from agentrl.core.artifacts import write_json
 from agentrl.core.config import ConfigError
 from agentrl.eval.stats import bootstrap_ci, paired_bootstrap_diff
 from agentrl.labs.temperatures import rates
-
-ARMS = ("more_cloning", "rejection_sampling")
 
 
 def path_of(inst):
@@ -59,8 +62,10 @@ def more_cloning(model, run, seed: int, chat, tasks: list, env_factory, steps: i
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
-    """GRPO's episode budget sampled from the cold start, the passing episodes cloned for `steps` Adam steps."""
+def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int,
+                       lr: float | None = None) -> dict:
+    """GRPO's episode budget sampled from the cold start, the passing episodes cloned for `steps` Adam steps at `lr`
+    (the cold start's clone_lr unless given)."""
     import torch
 
     from agentrl.core.seeding import generator
@@ -74,16 +79,37 @@ def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factor
             chosen = draw_tasks(tasks, cfg.tasks_per_step, g, None, cfg.task_draw)
             episodes += sample_groups(model, env_factory, chosen, chat, cfg, g, 1.0)
     passed = [t for t in episodes if t.reward > 0]
-    out = {"sampled": len(episodes), "passed": len(passed), "steps": 0, "policy_tokens": 0}
+    lr = run.clone_lr if lr is None else lr
+    out = {"sampled": len(episodes), "passed": len(passed), "steps": 0, "policy_tokens": 0, "lr": lr}
     if passed:   # none passed: nothing to clone, the arm is the cold start
-        losses = clone(model, passed, chat, steps, run.clone_lr, run.clone_batch, g)
+        losses = clone(model, passed, chat, steps, lr, run.clone_batch, g)
         out.update(steps=steps, policy_tokens=round(policy_tokens(passed) / len(passed) * run.clone_batch * steps),
                    loss_first=losses[0], loss_last=losses[-1])
     return out
 
 
-def train_arms(params: dict, inst, log=print) -> dict:
-    """{arm: {training, held_out, seconds}} for each arm of ARMS, written to path_of(inst)."""
+def rejection_sampling_grpo_lr(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
+    """rejection_sampling's episodes and batches, cloned at GRPO's learning rate."""
+    return rejection_sampling(model, run, cfg, seed, chat, tasks, env_factory, steps, lr=run.lr)
+
+
+# arm -> (model, run, cfg, seed, chat, train tasks, env factory, Adam steps) -> its training record
+ARMS = {"more_cloning": lambda model, run, cfg, *rest: more_cloning(model, run, *rest),
+        "rejection_sampling": rejection_sampling,
+        "rejection_sampling_grpo_lr": rejection_sampling_grpo_lr}
+
+
+def check_arms(names) -> list[str]:
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise ConfigError(f"labbaselines --arms: unknown value {unknown[0]!r}; allowed: {', '.join(ARMS)}")
+    return list(names)
+
+
+def train_arms(params: dict, inst, log=print, arms=None) -> dict:
+    """{arm: {training, held_out, seconds}} for each arm of `arms` (default: every arm of ARMS), written to
+    path_of(inst) beside the arms an earlier run of the same budget kept there."""
+    arms = check_arms(ARMS if arms is None else arms)
     import torch
 
     from agentrl.core.config import lab_run
@@ -103,16 +129,16 @@ def train_arms(params: dict, inst, log=print) -> dict:
     env_factory, eval_factory = env_factory_for(run), env_factory_for(run, evaluation=True)
     out: dict = {"seed": seed, "grpo_optimizer_steps": steps, "eval_per_task": run.eval_per_task,
                  "budget_episodes": run.steps * run.tasks_per_step * run.episodes_per_task}
+    kept = load(inst)
+    if kept is not None and all(kept.get(k) == out[k] for k in out):   # the same budget: its other arms stay
+        out = {**kept, **out}
     previous = torch.get_default_device()
     torch.set_default_device(lab.device)
     try:
-        for arm in ARMS:
+        for arm in arms:
             t0 = time.time()
             model, chat, _ = load_policy(replace(run, model=str(cold)), seed, cold, lab.device)
-            if arm == "more_cloning":
-                training = more_cloning(model, run, seed, chat, train_tasks, env_factory, steps)
-            else:
-                training = rejection_sampling(model, run, cfg, seed, chat, train_tasks, env_factory, steps)
+            training = ARMS[arm](model, run, cfg, seed, chat, train_tasks, env_factory, steps)
             trained = time.time() - t0
             result = held_out(model, heldout, chat, run, cfg, eval_factory, seed, arm, lab.eval_batch)
             out[arm] = {"training": training, "held_out": result,
@@ -150,7 +176,7 @@ def summary(arms: dict, record: dict, n_boot: int = 10_000) -> dict:
 
 
 LABELS = {"before": "the cold start", "more_cloning": "more cloning", "rejection_sampling": "rejection sampling",
-          "after": "GRPO"}
+          "rejection_sampling_grpo_lr": "rejection sampling at GRPO's lr", "after": "GRPO"}
 
 
 def table(s: dict, interval) -> list[str]:
@@ -170,9 +196,10 @@ def table(s: dict, interval) -> list[str]:
     for arm in ARMS:
         if arm in s:
             extra = ""
-            if arm == "rejection_sampling":
+            if arm.startswith("rejection_sampling"):
                 t = s[arm]["training"]
-                extra = f" ({t['passed']} of {t['sampled']} sampled episodes passed and were cloned)"
+                extra = f" ({t['passed']} of {t['sampled']} sampled episodes passed and were cloned" + \
+                    (f" at lr {t['lr']:g})" if "lr" in t else ")")
             out.append(f"| {LABELS[arm]}{extra} | {interval(s[arm]['over_cold_start'], True)} | "
                        f"{interval(s[arm]['grpo_over_it'], True)} |")
     return out

@@ -45,6 +45,9 @@ def add_lab_verbs(sub, int_at_least):
     add_recipe_flags(bl, int_at_least)
     bl.add_argument("--threads", type=int_at_least(1), default=2)
     bl.add_argument("--table", action="store_true", help="print the lab's baselines so far and stop")
+    bl.add_argument("--arms", type=lambda v: [a.strip() for a in v.split(",") if a.strip()],
+                    help="arms to run, comma-separated (default: all; agentrl/labs/baselines.py lists them); the "
+                         "others' results already kept for the same budget stay")
     return lc
 
 
@@ -140,8 +143,10 @@ def cmd_labbaselines(args, set_threads) -> int:
     from agentrl.labs.report import interval
     params, inst = load_named(args.lab, args.config, args.seed)
     if not args.table:
+        from agentrl.labs.baselines import check_arms
+        arms = check_arms(args.arms) if args.arms else None   # a wrong name: one line, before anything loads
         set_threads(args.threads)
-        train_arms(params, inst)
+        train_arms(params, inst, arms=arms)
     arms = load(inst)
     if arms is None:
         raise ConfigError(f"labbaselines --table: no baselines for {inst.name} seed {inst.seed} yet (run "
