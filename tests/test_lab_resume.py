@@ -15,8 +15,9 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails, never sk
 CONFIG = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 3, "tasks_per_step": 2,
           "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "eval_per_task": 1, "signal_tasks": 2,
           "min_signal": 0, "rl": {"entropy_coef": 0.01, "kl_coef": 0.05}}
-# what differs between two runs of one lab in two directories: the times, and where its small model was written
-TIMES = ("timings_s", "wall_s", "cpu_s", "peak_memory_mib", "attempts", "model", "model_dir")
+# what differs between two runs of one lab in two directories: the times (the floors are measured beside them), and
+# where its small model was written
+TIMES = ("timings_s", "wall_s", "cpu_s", "peak_memory_mib", "attempts", "model", "model_dir", "floors")
 
 
 class Killed(Exception):

@@ -257,6 +257,11 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     assert "n/a" not in md.split("## Preflight")[0] or not record["weights_changed"], md
     if not record["weights_changed"]:   # no step changed a weight: said in one line, and no after-GRPO column
         assert "**No GRPO step changed a weight**" in md and "| after GRPO |" not in md
+    work = numbers["floors"]   # each phase beside the floor of the operations it ran (agentrl.model.floors)
+    assert {"cold_start", "preflight", "eval_before", "grpo"} <= set(work["phases"])
+    for what, w in work["phases"].items():
+        assert w["floor_s"] > 0 and w["operations"] > 0 and w["seconds"] == record["timings_s"][what], what
+        assert f"| {what} | {w['seconds']:.1f} | {w['floor_s']:.1f} |" in md
     import torch
     assert numbers["cpu"]["isa"] == torch.backends.cpu.get_cpu_capability()   # the kernels it ran, named
     assert f"kernels {numbers['cpu']['isa']} under {numbers['cpu']['numerics']} numerics" in md

@@ -99,7 +99,7 @@ def test_the_task_digest_sees_every_field_of_every_task():
 SHORT = {"demos_per_task": 1, "clone_steps": 2, "clone_batch": 4, "steps": 2, "tasks_per_step": 2,
          "episodes_per_task": 2, "max_turns": 2, "new_tokens": 24, "eval_per_task": 1, "signal_tasks": 0,
          "min_signal": 0, "rl": {"entropy_coef": 0.01}}
-TIMES = ("timings_s", "wall_s", "cpu_s", "peak_memory_mib", "attempts", "reused")
+TIMES = ("timings_s", "wall_s", "cpu_s", "peak_memory_mib", "attempts", "reused", "floors")
 
 
 def _lab(out, model, cache, **changes):

@@ -32,6 +32,7 @@ from agentrl.backends.registry import BACKENDS
 from agentrl.core import files
 from agentrl.core.artifacts import CheckpointError
 from agentrl.core.config import ConfigError
+from agentrl.model import floors
 from agentrl.model.logprobs import entropy_from_logits, selected_log_probs
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}   # model_type -> transformers class
@@ -148,6 +149,10 @@ class HFPolicy(nn.Module):
         B, T = ids.shape
         at = torch.ones(B, T - 1, dtype=torch.bool, device=ids.device) if at is None else at > 0
         h, targets = self.hidden(ids)[:, :-1][at], ids[:, 1:][at]
+        if floors.METER is not None:   # a lab's work meter (agentrl.model.floors)
+            n = common_prefix(ids)
+            floors.METER.scoring_pass(B, T, int(at.sum()), n if B >= 2 and n >= MIN_SHARED_PREFIX else 0,
+                                      torch.is_grad_enabled())
         step = h.shape[0] if torch.is_grad_enabled() else NO_GRAD_CHUNK
         logps, entropies = [], []
         for i in range(0, max(h.shape[0], 1), max(step, 1)):

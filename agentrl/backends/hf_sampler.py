@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from agentrl.backends.offline import transformers
+from agentrl.model import floors
 from agentrl.model.packing import pad_rows
 
 MIN_SHARED_PREFIX = 16  # a common prompt prefix at least this long is computed once per batch
@@ -165,6 +166,8 @@ class HFSampler:
                                       past_key_values=self.cache, use_cache=True)
             self.mask = mask
             self.lengths = self.lengths + valid.sum(1)
+            if floors.METER is not None:
+                floors.METER.sampler_forward(ids.shape[0], L, mask.shape[1])
             assert out.last_hidden_state.shape[1] == L
             return self.policy.head(out.last_hidden_state[last[:, 0], last[:, 1]]).float()
 
@@ -178,6 +181,8 @@ class HFSampler:
         with self.policy.sampling():
             self.policy.decoder(input_ids=ids, attention_mask=torch.ones_like(ids),
                                 position_ids=torch.arange(n)[None], past_key_values=self.cache, use_cache=True)
+        if floors.METER is not None:
+            floors.METER.sampler_forward(1, n, n)
         self.cache.batch_repeat_interleave(rows)
         self.mask = torch.ones(rows, n, dtype=torch.long)
         self.lengths = torch.full((rows,), n, dtype=torch.long)

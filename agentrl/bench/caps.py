@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 from agentrl.core.numerics import NATIVE_KNOBS, OUTSIDE_ENV, PORTABLE_ENV
 
@@ -39,19 +37,6 @@ def model_shapes(model_dir: str | None) -> tuple[int, int]:
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     return config["hidden_size"], config["intermediate_size"]
-
-
-def gemm_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=None) -> float:
-    """A matrix product of the model's shapes ([m, k] @ [k, n]) in `dtype` (float32 by default), median GFLOP/s."""
-    import torch
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * m * k * n / statistics.median(times) / 1e9
 
 
 def run_caps_bench(args) -> int:
@@ -82,6 +67,8 @@ def run_caps_bench(args) -> int:
 
 if __name__ == "__main__":   # the child: rows hidden intermediate threads
     import torch
+
+    from agentrl.model.floors import gemm_gflops
     m, k, n, threads = map(int, sys.argv[1:5])
     torch.set_num_threads(threads)
     print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(),

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from agentrl.bench import BENCHES
-from agentrl.bench.caps import gemm_gflops, run_caps_bench
+from agentrl.bench.caps import run_caps_bench
+from agentrl.model.floors import gemm_gflops, memory_bandwidth_gbs
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
 
@@ -216,19 +217,6 @@ def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
-    """Same-run read bandwidth: the median GB/s of summing a float32 tensor of `mib` MiB (larger than any cache)."""
-    import torch
-    x = torch.ones(mib * 2**18)
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - t0)
-    return x.numel() * 4 / statistics.median(times) / 1e9
-
-
 def decode_scan(model, chat, rows: int, new_tokens: int, seed: int = 0) -> dict:
     """The sampler's decode alone (after the prompts' prefill): seconds per new token at `rows` rows, and the
     sampler-trainer gap of the tokens it drew (mean and max |trainer - sampler| log-prob)."""
@@ -285,9 +273,9 @@ def cloning_step(model, chat, rows: int, repeats: int = 3) -> dict:
 
 def phase_floors(model, dtype: str, scan: list, sampling: dict, update: dict, cloning: dict,
                  bandwidth: float) -> list[dict]:
-    """Each phase's measured seconds beside its floor (agentrl.bench.floors): decode steps at each row count (the
+    """Each phase's measured seconds beside its floor (agentrl.model.floors): decode steps at each row count (the
     KV cache at the prompt plus half the new tokens), the update's forward and backward, a cloning step."""
-    from agentrl.bench import floors
+    from agentrl.model import floors
     shapes = floors.shapes_of(model.lm.config, model.num_params())
     gemm = update["gemm_gflops"]
     context = int(sampling["prompt_tokens"] + sampling["new_tokens"] / 2)

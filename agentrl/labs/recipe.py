@@ -32,6 +32,7 @@ from agentrl.eval.evaluation import action_entropy, evaluate
 from agentrl.labs.precision import BF16_FLAGS, check_dtype
 from agentrl.labs.progress import GRPOCheckpoint, LabProgress, load_weights
 from agentrl.labs.signal import StepSignal, decision_entropy, signal_check
+from agentrl.model import floors
 from agentrl.rl.dashboard import behavior_stats
 from agentrl.rl.invariants import sanity_checks
 from agentrl.rl.rollout import informative, sample_episodes
@@ -275,18 +276,28 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
         log(f"lab {name}: {what} {timings[what]} s" + (" (kept from an earlier attempt)" if kept else ""))
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
-    history, changed, stopped, signal, reused = [], False, None, {}, {}
+    history, changed, stopped, signal, reused, phase_floors, meter = [], False, None, {}, {}, {}, None
     try:
         t0 = time.time()
         model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
         lap("load", time.time() - t0)
         loaded_digest = weights_digest(model)
         progress = LabProgress(out_dir / "progress", resume_key and progress_key(resume_key, loaded_digest))
+        meter = floors.measured_meter(model.lm.config, model.num_params(), run.dtype) if lab.device == "cpu" \
+            else None   # a GPU's floors would need its own bandwidth and GEMM, synchronised: not measured here
 
         def phase(what, compute, restore=None):
             kept = progress.done(what)
-            result, seconds = progress.phase(what, compute, restore)
+            if meter is not None:
+                meter.phase = what
+            with floors.metering(meter):
+                result, seconds = progress.phase(what, compute, restore)
             lap(what, seconds, kept)
+            work = None
+            if meter is not None:
+                work, meter.phase = meter.end(what), None
+            if work is not None and not kept:   # a phase kept from an earlier attempt did its work then
+                phase_floors[what] = {**work, "seconds": seconds, "ratio": round(seconds / work["floor_s"], 2)}
             return result
 
         def cached(what, inputs, compute, reuse=None, model_dir=None):
@@ -387,7 +398,10 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
             "cold_start": cold,
             "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,
-            "weights_changed": changed, "timings_s": timings, "reused": reused, "wall_s": round(wall_s, 1),
+            "weights_changed": changed, "timings_s": timings, "reused": reused,
+            "floors": meter and {"bandwidth_gbs": round(meter.bandwidth_gbs, 2),
+                                 "gemm_gflops": round(meter.gemm_gflops, 1), "dtype": meter.dtype,
+                                 "phases": phase_floors}, "wall_s": round(wall_s, 1),
             "cpu_s": round(cpu_s, 1), "attempts": progress.state["attempts"],
             "peak_memory_mib": round(peak_memory_mib(), 1),
             "peak_device_memory_mib": peak_device_memory_mib(lab.device)}

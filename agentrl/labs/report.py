@@ -250,6 +250,16 @@ def cost_lines(record: dict) -> list[str]:
     for what, came in (record.get("reused") or {}).items():   # agentrl.labs.phase_cache
         out.append(f"- {what} reused, not computed: the result {came['computed_by']} computed in {came['seconds']:.0f} "
                    f"s from the same inputs (`{came['from']}`).")
+    work = record.get("floors")
+    if work and work["phases"]:   # agentrl.model.floors: each phase's operations at this machine's floor
+        out += ["", "Each phase against its floor: the sum over its operations (sampler forwards, scoring and training "
+                f"passes, Adam steps) of the larger of their bytes at the same-run read bandwidth "
+                f"({work['bandwidth_gbs']:.1f} GB/s) and their FLOPs at a same-run {work['dtype']} GEMM of the "
+                f"model's shapes ({work['gemm_gflops']:.1f} GFLOP/s); the sandbox's time is in the phase, not in "
+                "its floor.", "", "| phase | s | floor (s) | GFLOP | GB read | x floor |", "|---|---|---|---|---|---|"]
+        out += [f"| {what} | {w['seconds']:.1f} | {w['floor_s']:.1f} | {w['gflop']:,.0f} | {w['gbytes']:,.1f} | "
+                f"x{w['ratio']:.1f} |" for what, w in work["phases"].items()]
+        out.append("")
     if record.get("peak_device_memory_mib") is not None:
         out.append(f"- Peak {record['device']} memory allocated {record['peak_device_memory_mib']:.0f} MiB.")
     return out
