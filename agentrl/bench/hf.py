@@ -7,6 +7,9 @@ by side.
   The backend computes the prompts' shared prefix (the system prompt with the tools) once per batch.
 - Update: one forward and backward with the LM head on policy positions, its achieved GFLOP/s (agentrl's count of
   the decoder's operations) over a same-run float32 GEMM of the model's shapes.
+- Floors: each phase (a decode step at each row count, the update's pass, the cold start's cloning step with Adam)
+  beside its floor, the larger of its bytes at a same-run read bandwidth and its FLOPs at the same-run GEMM
+  (agentrl.model.floors).
 - Memory: one update's forward and backward on the same demonstrations with the LM head on policy positions only
   (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh process, its peak resident
   set above the resident set it had before the update.
