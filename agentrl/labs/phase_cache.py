@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
+from agentrl.backends.pretrained import sha256_file
 from agentrl.core import files
 from agentrl.core.artifacts import finish_temporary, temporary_path
 
@@ -45,16 +46,8 @@ def stage_context(record: dict) -> dict:
     return {k: record.get(k) for k in ("code_hash", "versions", "threads", "numerics")}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _hash_files(directory: Path) -> dict:
-    return {p.relative_to(directory).as_posix(): _sha256(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 class PhaseCache:
