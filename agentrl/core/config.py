@@ -225,6 +225,25 @@ class BehaviourConfig(Section):
     transcripts_per_family: int = _int(1, lo=0)
 
 
+@dataclass(frozen=True)
+class HumanEvalConfig(Section):
+    """Repair tasks built from HumanEval's functions (agentrl.env.humaneval; docs/humaneval.md): which asserts are
+    public, which problems are used, and how problems are split."""
+    public: int = _int(2, "the first asserts of a problem's check shown by the test tool; the rest are hidden",
+                       lo=1, hi=8)
+    min_hidden: int = _int(2, "a problem needs at least this many hidden asserts", lo=1, hi=64)
+    max_source_tokens: int = _int(160, "longest source a task may show (code tokens, as the read tool shows it)",
+                                  lo=16, hi=2048)
+    fractions: list = knob([0.4, 0.2, 0.4], list, "shares of problems in train, validation and test (problems "
+                           "ranked by sha256 of their id: a problem's mutants are in one split)", item=float,
+                           nonempty=True)
+
+    def check(self):
+        if len(self.fractions) != 3 or any(f <= 0 for f in self.fractions) or abs(sum(self.fractions) - 1) > 1e-9:
+            raise ConfigError(f"HumanEvalConfig.fractions: expected three positive shares summing to 1 (train, "
+                              f"validation, test), got {self.fractions!r}")
+
+
 PRETRAINED = ("smollm2-135m-instruct",)   # pinned pretrained weights (agentrl.backends.pretrained.PINNED)
 
 
@@ -240,7 +259,7 @@ SECTIONS = {
     "run": RunConfig, "tasks": TasksConfig, "model": ModelParams, "base": BaseConfig, "sft": SFTConfig,
     "rl": RLConfig, "preflight": PreflightConfig, "train": TrainConfig, "select": SelectConfig, "test": TestConfig,
     "ablate": AblateConfig, "faults": FaultsConfig, "length": LengthConfig, "threads": ThreadsConfig,
-    "behaviour": BehaviourConfig, "lab": LabConfig, "pretrained": PretrainedConfig,
+    "behaviour": BehaviourConfig, "lab": LabConfig, "pretrained": PretrainedConfig, "humaneval": HumanEvalConfig,
 }
 
 

@@ -18,6 +18,8 @@ from agentrl.core.rl_config import SEED, RLConfig
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16")
 DEMOS = ("expert", "format")
+TASK_SOURCES = ("authored", "humaneval")   # agentrl.env.tasks.TASK_SOURCES (tests keep them equal)
+EVAL_SPLITS = ("heldout", "validation", "test")
 LAB_NAME = re.compile(r"[A-Za-z0-9_]+")
 # rl keys a lab sets through its own fields (lr, tasks_per_step, episodes_per_task, ...), not through `rl`
 LAB_OWNED_RL_KEYS = ("group_size", "tasks_per_step", "lr", "microbatches", "max_call_tokens", "max_turns", "seed")
@@ -56,6 +58,13 @@ class LabRun(Section):
     dtype: str = knob("fp32", str, "fp32, or bf16 mixed precision (fp32 master weights and Adam; sampler and trainer "
                       "compute in bf16): a CPU needs amx_bf16 or avx512_bf16 and numerics: native, else it is refused",
                       choices=DTYPES)
+    tasks: str = knob("authored", str, "where the training tasks come from: authored (the catalogue's 20) or "
+                      "humaneval (the train split stage humaneval built; docs/humaneval.md)", choices=TASK_SOURCES)
+    eval_tasks: str = knob("authored", str, "where the held-out tasks come from: authored or humaneval",
+                           choices=TASK_SOURCES)
+    eval_split: str = knob("heldout", str, "which of eval_tasks' splits is held out: heldout (validation and test), "
+                           "validation (for choosing a recipe) or test (never looked at while one is chosen)",
+                           choices=EVAL_SPLITS)
     rl: dict = knob({}, dict, "overrides of the pipeline's rl: keys for this lab's GRPO (keep, temperature, "
                     "clip_eps_high, kl_coef, lr_warmup, ...), validated as rl: is; the lab's own fields set lr, "
                     "tasks_per_step, episodes_per_task, microbatches, new_tokens and max_turns")

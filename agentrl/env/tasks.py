@@ -165,15 +165,55 @@ def _build_catalogue() -> tuple[Task, ...]:
 CATALOGUE = _build_catalogue()
 
 
-def make_tasks(split: str = "all") -> list[Task]:
-    """Tasks of one split: 'train' (20), 'validation' (5), 'test' (5), 'heldout' (10) or 'all' (30)."""
+def of_split(tasks, split: str) -> list[Task]:
+    """The tasks of one split: train, validation, test, heldout (validation and test) or all."""
     if split not in SPLITS:
         raise ValueError(f"split: unknown value {split!r}; allowed: {', '.join(SPLITS)}")
     if split == "all":
-        return list(CATALOGUE)
+        return list(tasks)
     if split == "heldout":
-        return [t for t in CATALOGUE if t.split in ("validation", "test")]
-    return [t for t in CATALOGUE if t.split == split]
+        return [t for t in tasks if t.split in ("validation", "test")]
+    return [t for t in tasks if t.split == split]
+
+
+def task_record(task: Task) -> dict:
+    """A task as JSON, its test cases as Python literals (tuples, sets and floats survive the trip): the form of
+    data/humaneval/tasks.json."""
+    return {"name": task.name, "family": task.family, "func": task.func, "source": task.source,
+            "public": [repr(c) for c in task.public], "hidden": [repr(c) for c in task.hidden],
+            "oracle": task.oracle, "split": task.split}
+
+
+def task_from_record(record: dict) -> Task:
+    import ast
+    cases = {k: tuple(ast.literal_eval(c) for c in record[k]) for k in ("public", "hidden")}
+    return Task(record["name"], record["family"], record["func"], record["source"], cases["public"],
+                cases["hidden"], record["oracle"], record["split"])
+
+
+def humaneval_tasks(path=None) -> tuple[Task, ...]:
+    """The tasks stage humaneval built from HumanEval's functions (data/humaneval/tasks.json), with a one-line error
+    where it has not run."""
+    from pathlib import Path
+
+    from agentrl.core.artifacts import DATA, StageError, read_json
+    path = Path(path) if path is not None else DATA / "humaneval" / "tasks.json"
+    if not path.is_file():
+        raise StageError(f"{path}: not found; build the HumanEval tasks first (dvc repro humaneval)")
+    return tuple(task_from_record(r) for r in read_json(path)["tasks"])
+
+
+TASK_SOURCES = {"authored": lambda: CATALOGUE, "humaneval": humaneval_tasks}
+
+
+def make_tasks(split: str = "all", source: str = "authored") -> list[Task]:
+    """Tasks of one split of a source. The authored catalogue: 'train' (20), 'validation' (5), 'test' (5),
+    'heldout' (10) or 'all' (30); humaneval: its build's splits (reports/humaneval.md)."""
+    if source not in TASK_SOURCES:
+        raise ValueError(f"tasks: unknown source {source!r}; allowed: {', '.join(TASK_SOURCES)}")
+    if split not in SPLITS:
+        raise ValueError(f"split: unknown value {split!r}; allowed: {', '.join(SPLITS)}")
+    return of_split(TASK_SOURCES[source](), split)
 
 
 def task_by_name(name: str) -> Task:

@@ -113,8 +113,7 @@ def train_arms(params: dict, inst, log=print, arms=None) -> dict:
     import torch
 
     from agentrl.core.config import lab_run
-    from agentrl.env.tasks import make_tasks
-    from agentrl.labs.recipe import env_factory_for, held_out, load_policy, rl_config
+    from agentrl.labs.recipe import env_factory_for, held_out, lab_tasks, load_policy, rl_config
     run, seed, lab = lab_run(inst.name, inst.spec), inst.seed, params["lab"]
     cold = inst.work_dir / "cold_start"
     how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
@@ -125,7 +124,7 @@ def train_arms(params: dict, inst, log=print, arms=None) -> dict:
     if not record.get("training", {}).get("steps_updated"):
         raise ConfigError(f"labbaselines: {report_of(inst)} records no GRPO update, so there is no budget to match")
     steps, cfg = grpo_optimizer_steps(record), rl_config(params["rl"], run, seed)
-    train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
+    train_tasks, heldout = lab_tasks(run, "train"), lab_tasks(run, "heldout")
     env_factory, eval_factory = env_factory_for(run), env_factory_for(run, evaluation=True)
     out: dict = {"seed": seed, "grpo_optimizer_steps": steps, "eval_per_task": run.eval_per_task,
                  "budget_episodes": run.steps * run.tasks_per_step * run.episodes_per_task}

@@ -24,9 +24,8 @@ import yaml
 from agentrl.core.artifacts import write_json
 from agentrl.core.config import ConfigError, lab_run
 from agentrl.core.seeding import generator as stream_generator
-from agentrl.env.tasks import make_tasks
 from agentrl.labs.precision import check_dtype
-from agentrl.labs.recipe import demonstrations, env_factory_for, load_policy, rl_config
+from agentrl.labs.recipe import demonstrations, env_factory_for, lab_tasks, load_policy, rl_config
 from agentrl.labs.signal import StepSignal, signal_check
 from agentrl.rl.trainer import train
 from agentrl.starting.chat import clone
@@ -85,7 +84,7 @@ def cold_start(run, seed: int, model_dir_for_small: Path, device: str, log):
     model, chat, model_dir = load_policy(run, seed, model_dir_for_small, device)
     t0 = time.time()
     g = stream_generator(seed, "lab", "cold_start")
-    demos = demonstrations(run, make_tasks("train"), chat, env_factory_for(run), g)
+    demos = demonstrations(run, lab_tasks(run, "train"), chat, env_factory_for(run), g)
     losses = clone(model, demos, chat, run.clone_steps, run.clone_lr, run.clone_batch, g) if run.clone_steps else []
     info = {"seconds": round(time.time() - t0, 1), "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "digest": digest}
@@ -103,7 +102,7 @@ def run_cell(inst, params: dict, changes: dict, steps: int, log=print) -> dict:
         raise ConfigError("labcells: signal_tasks must be > 0 (the check before and after is the cell's result)")
     start = time.time()
     model, chat, cold = cold_start(run, seed, COLD_DIR / "small-model", lab.device, log)
-    env_factory, cfg, tasks = env_factory_for(run), rl_config(rl, run, seed), make_tasks("train")
+    env_factory, cfg, tasks = env_factory_for(run), rl_config(rl, run, seed), lab_tasks(run, "train")
     t0 = time.time()
     before = signal_check(model, chat, tasks, run.signal_tasks, cfg, env_factory, seed, "cell")
     check_s = time.time() - t0

@@ -58,6 +58,14 @@ def demonstrations(run, tasks: list, chat, env_factory, g: torch.Generator) -> l
     return [EXPERTS[run.environment](env_factory(task, g), chat) for task in tasks for _ in range(run.demos_per_task)]
 
 
+def lab_tasks(run, part: str) -> list:
+    """A lab's training tasks (part "train": the train split of run.tasks) or held-out tasks (part "heldout": the
+    run.eval_split of run.eval_tasks)."""
+    if part == "train":
+        return make_tasks("train", run.tasks)
+    return make_tasks(run.eval_split, run.eval_tasks)
+
+
 def env_factory_for(run, clock=None, evaluation: bool = False):
     """The lab's episodes: run.max_turns turns, the hidden tests' reward, the function renamed per episode; a training
     episode shows its operands under filler names as often as the lab's rl.p_rename_operands says, an evaluation's
@@ -311,7 +319,7 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
                                           and (p != "signal_check" or run.signal_tasks)])
         progress.begin("the start" if not progress.state["phases"] else
                        f"GRPO step {kept_grpo[1]['step']}" if left == "grpo" and kept_grpo else left or "the record")
-        train_tasks, heldout = make_tasks("train"), make_tasks("heldout")
+        train_tasks, heldout = lab_tasks(run, "train"), lab_tasks(run, "heldout")
         env_factory, eval_factory = env_factory_for(run, clock), env_factory_for(run, clock, evaluation=True)
         cfg = rl_config(rl, run, seed)
         evaluations = {}

@@ -138,9 +138,22 @@ def per_task_table(record: dict) -> list[str]:
     return out
 
 
+def task_source_lines(record: dict) -> list[str]:
+    """Where the tasks came from, where that is not the authored catalogue (agentrl.env.tasks.TASK_SOURCES)."""
+    config = record.get("config", {})
+    train, held, split = (config.get("tasks", "authored"), config.get("eval_tasks", "authored"),
+                          config.get("eval_split", "heldout"))
+    if (train, held, split) == ("authored", "authored", "heldout"):
+        return []
+    return [f"Tasks: trained on the {train} tasks' train split; held out: the {held} tasks' {split} split"
+            + (" (reports/humaneval.md: built from HumanEval's functions, split by problem)."
+               if "humaneval" in (train, held) else "."), ""]
+
+
 def held_out_lines(record: dict, held: dict, training: dict) -> list[str]:
     cols = shown(record)
-    out = [f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1; per-task means "
+    out = [*task_source_lines(record)]
+    out += [f"{held['tasks']} held-out tasks x {held['episodes_per_task']} episodes, temperature 1; per-task means "
            "with a 95% task-bootstrap interval; each gain is the paired bootstrap difference over the same tasks.",
            "", "| | pass rate [95% CI] |", "|---|---|"]
     out += [f"| {label} | {interval(held[k])} |" for k, label in cols]

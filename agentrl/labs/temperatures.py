@@ -42,9 +42,8 @@ def evaluate_grid(params: dict, inst, temperatures, log=print) -> dict:
 
     from agentrl.core.config import lab_run
     from agentrl.core.seeding import generator
-    from agentrl.env.tasks import make_tasks
     from agentrl.eval.evaluation import evaluate
-    from agentrl.labs.recipe import env_factory_for, load_policy, rl_config
+    from agentrl.labs.recipe import env_factory_for, lab_tasks, load_policy, rl_config
     run, seed, lab = lab_run(inst.name, inst.spec), inst.seed, params["lab"]
     dirs = {c: inst.work_dir / c for c in CHECKPOINTS}
     missing = [str(d) for d in dirs.values() if not (d / "config.json").is_file()]
@@ -52,7 +51,7 @@ def evaluate_grid(params: dict, inst, temperatures, log=print) -> dict:
         how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
         raise ConfigError(f"labtemps: {', '.join(missing)} not found (run the lab first: python -m stages.lab {how} "
                           f"--seed {seed})")
-    cfg, heldout = rl_config(params["rl"], run, seed), make_tasks("heldout")
+    cfg, heldout = rl_config(params["rl"], run, seed), lab_tasks(run, "heldout")
     factory = env_factory_for(run, evaluation=True)
     out: dict = {"temperatures": list(temperatures), "eval_per_task": run.eval_per_task, "seed": seed}
     previous = torch.get_default_device()

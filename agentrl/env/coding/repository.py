@@ -3,7 +3,9 @@ name, and where the episode draws them its operands' filler names) and `test_<fn
 functions). The hidden tests never enter it."""
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from dataclasses import dataclass, field
 
 from agentrl.env.coding.sandbox.launch import check_file_name
@@ -18,11 +20,23 @@ def renamed_source(source: str, func: str, name: str) -> str:
 
 def renamed_operands(source: str, operands: dict | None) -> str:
     """The source with each operand (a parameter or local: agentrl.env.gym.environment.operand_names) under its
-    filler name, all in one pass. The catalogue's sources have no attributes, keyword arguments or strings, and
-    the tests call the function positionally, so the renamed source computes what the authored one does."""
+    filler name, all in one pass: name tokens only, never an attribute after `.` or a word inside a string, so the
+    renamed source computes what the original does (the tests call the function positionally)."""
     if not operands:
         return source
-    return re.sub(r"\b[A-Za-z_]\w*\b", lambda m: operands.get(m.group(0), m.group(0)), source)
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    spans, previous = [], None
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME and tok.string in operands and not (previous and previous.string == "."):
+            spans.append((starts[tok.start[0] - 1] + tok.start[1], starts[tok.end[0] - 1] + tok.end[1], tok.string))
+        if tok.type not in (tokenize.NL, tokenize.COMMENT):
+            previous = tok
+    for begin, end, name in reversed(spans):
+        source = source[:begin] + operands[name] + source[end:]
+    return source
 
 
 def _call_text(name: str, args) -> str:

@@ -149,10 +149,19 @@ def source_observation(task: Task, op: str | None, name: str, operands: dict | N
 
 
 def operand_names(source: str, func: str) -> set[str]:
-    """Identifiers a source uses, other than keywords, builtins and its function name."""
+    """The variables a source names (parameters, locals, loop and comprehension targets), other than builtins,
+    imported modules and its function name: never an attribute (`xs.append`) and never a word inside a string
+    literal, so renaming them (filler_operands) keeps what the program computes. For the authored catalogue (no
+    attributes, strings or imports) this is every identifier that is not a keyword or builtin."""
+    import ast
     import builtins
-    idents = set(re.findall(r"[A-Za-z_]\w*", source))
-    return {i for i in idents if not keyword.iskeyword(i) and not hasattr(builtins, i) and i != func}
+    tree = ast.parse(source)
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    idents = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    return {i for i in idents if not keyword.iskeyword(i) and not hasattr(builtins, i) and i != func
+            and i not in imported}
 
 
 def constants(source: str) -> set[str]:
