@@ -190,3 +190,12 @@ def test_the_committed_build_is_what_the_pinned_file_gives():
     from agentrl.env.gym.environment import run_tests
     for t in tasks:   # every kept task: broken as given, repaired by its oracle alone
         assert not run_tests(t, None).hidden_pass and run_tests(t, t.oracle).hidden_pass
+
+
+def test_study_labs_reads_each_recipes_task_sources(tmp_path):
+    from agentrl.studies.labs import task_sources
+    assert task_sources("smollm2_he_transfer", REPO / "params.yaml") == ("authored", "humaneval", "test")
+    assert task_sources("smollm2_tools_he", REPO / "params.yaml") == ("humaneval", "humaneval", "test")
+    assert task_sources("smollm2", REPO / "params.yaml") == ("authored", "authored", "heldout")
+    assert task_sources("no_such_recipe", REPO / "params.yaml") == ("authored", "authored", "heldout")
+    assert task_sources("smollm2_he", tmp_path / "absent.yaml") == ("authored", "authored", "heldout")

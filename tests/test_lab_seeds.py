@@ -229,6 +229,7 @@ def test_the_committed_comparison_is_what_study_labs_writes_and_the_guide_quotes
 
     from agentrl import cli
     shutil.copytree(repo_root / "reports" / "labs", tmp_path / "reports" / "labs")
+    shutil.copy(repo_root / "params.yaml", tmp_path / "params.yaml")   # the recipes' task sources
     monkeypatch.chdir(tmp_path)
     assert cli.main(["study", "labs"]) == 0
     for name in ("comparison.md", "comparison.json"):

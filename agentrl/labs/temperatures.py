@@ -53,7 +53,8 @@ def evaluate_grid(params: dict, inst, temperatures, log=print) -> dict:
                           f"--seed {seed})")
     cfg, heldout = rl_config(params["rl"], run, seed), lab_tasks(run, "heldout")
     factory = env_factory_for(run, evaluation=True)
-    out: dict = {"temperatures": list(temperatures), "eval_per_task": run.eval_per_task, "seed": seed}
+    out: dict = {"temperatures": list(temperatures), "eval_per_task": run.eval_per_task, "seed": seed,
+                 "tasks": run.tasks, "eval_tasks": run.eval_tasks, "eval_split": run.eval_split}
     previous = torch.get_default_device()
     torch.set_default_device(lab.device)
     try:

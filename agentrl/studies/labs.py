@@ -29,8 +29,26 @@ def recipes_in(directory: Path) -> dict:
     return out
 
 
+def task_sources(recipe: str, params_path: Path = Path("params.yaml")) -> tuple[str, str, str]:
+    """(training tasks, held-out tasks, held-out split) of a committed recipe (agentrl.core.lab_config.LabRun), or
+    the authored catalogue's where params.yaml does not name it."""
+    from agentrl.core.config import read_params_file
+    from agentrl.core.lab_config import LAB_CONFIGS, resolve
+    if not params_path.is_file():
+        return "authored", "authored", "heldout"
+    lab = read_params_file(params_path).get("lab") or {}
+    configs = lab.get("configs", LAB_CONFIGS)
+    if recipe not in configs:
+        return "authored", "authored", "heldout"
+    spec = resolve(configs, recipe, strict=False)
+    return spec.get("tasks", "authored"), spec.get("eval_tasks", "authored"), spec.get("eval_split", "heldout")
+
+
 def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
-    """({"<recipe>/seed<N>": summary}, markdown) of every committed recipe's temperature grid (labtemps)."""
+    """({"<recipe>/seed<N>": summary}, markdown) of every committed recipe's temperature grid (labtemps); where the
+    recipe is held out on another task source, its pass@k at temperature 1 too (the cold start's pass@16 says
+    whether the set can show more than sharpening)."""
+    from agentrl.labs import passk
     from agentrl.labs.report import interval
     from agentrl.labs.temperatures import summary, table
     out, md = {}, []
@@ -45,6 +63,16 @@ def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
                f"Held-out pass of the lab's kept checkpoints at each temperature ({s['tasks']} tasks x "
                f"{grid['eval_per_task']} episodes, each cell its own stream; `python -m agentrl labtemps`):", "",
                *table(s, interval)]
+        train, held, split = (grid["tasks"], grid["eval_tasks"], grid["eval_split"]) if "eval_tasks" in grid else \
+            task_sources(path.parent.name, directory.parent.parent / "params.yaml")   # a grid before they were kept
+        if held != "authored" and "1" in grid["cold_start"]:
+            counts = {"before": grid["cold_start"]["1"]["per_task"], "after": grid["final"]["1"]["per_task"]}
+            s["pass_at_k"] = passk.stats(counts, grid["seed"], 10_000)
+            s["sources"] = {"tasks": train, "eval_tasks": held, "eval_split": split}
+            md += ["", f"Trained on the {train} tasks; held out: the {held} tasks' {split} split ({s['tasks']} tasks; "
+                   "reports/humaneval.md). pass@k at temperature 1 from the same episodes, the change paired over "
+                   "tasks:", "", *passk.table(s["pass_at_k"], [("before", "after the cold start"),
+                                                             ("after", "after GRPO")], interval)]
     return out, md
 
 
