@@ -199,3 +199,12 @@ def test_study_labs_reads_each_recipes_task_sources(tmp_path):
     assert task_sources("smollm2", REPO / "params.yaml") == ("authored", "authored", "heldout")
     assert task_sources("no_such_recipe", REPO / "params.yaml") == ("authored", "authored", "heldout")
     assert task_sources("smollm2_he", tmp_path / "absent.yaml") == ("authored", "authored", "heldout")
+
+
+def test_the_keyword_experts_reference_is_right_on_the_authored_tasks_and_can_be_wrong_here():
+    assert all(he.keyword_repairs(t) for t in make_tasks("all"))
+    cases = he.problem_of(raw()).cases
+    # range( and a comparison: the keyword rule says fix_range, the bug is the accumulator's start
+    src = "def total_up_to(n):\n    s = 1\n    for i in range(n + 1):\n        s += i if i >= 0 else 0\n    return s\n"
+    task = task_of(src, cases)
+    assert he.judge(task) == (None, "fix_init") and not he.keyword_repairs(task)

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentrl.env.ops import REPAIR_OPS
+from agentrl.env.ops import REPAIR_OPS, keyword_rule
 from agentrl.env.tasks import ORACLE_OP, Task
 
 # pinned like SmolLM2's weights (the Makefile's HUMANEVAL_* and these stay equal: tests/test_humaneval.py)
@@ -269,6 +269,13 @@ def judge(task: Task) -> tuple[str | None, str | None]:
     return None, repairs[0]
 
 
+def keyword_repairs(task: Task) -> bool:
+    """Whether the authored catalogue's scripted expert (agentrl.env.ops.keyword_rule: its op read off the source's
+    keywords, right on every authored task) repairs the task: the reference a cloned expert starts from."""
+    from agentrl.env.gym.environment import code_tokens, run_tests
+    return run_tests(task, keyword_rule(code_tokens(task.source))).hidden_pass
+
+
 def split_of(task_id: str, problems: list[str], fractions) -> str:
     """A problem's split: problems ranked by sha256 of their id, the first share train, then validation, then test."""
     ranked = sorted(problems, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
@@ -336,6 +343,7 @@ def build(raw_problems: list[dict], public: int = 2, min_hidden: int = 2, max_so
         "settings": {"public": public, "min_hidden": min_hidden, "max_source_tokens": max_source_tokens,
                      "fractions": list(fractions)},
         "longest_source_tokens": max((len(code_tokens(t.source)) for t in tasks), default=0),
+        "keyword_rule_repairs": {s: sum(keyword_repairs(t) for t in tasks if t.split == s) for s in SPLIT_NAMES},
     }
     return tasks, counts
 
@@ -368,5 +376,9 @@ def counts_markdown(counts: dict) -> str:
     lines.append("| problems | | " + " | ".join(str(counts["problems_by_split"][s]) for s in SPLIT_NAMES)
                  + f" | {counts['problems_with_tasks']} |")
     lines += ["", f"Longest source kept: {counts['longest_source_tokens']} code tokens "
-              f"(limit {counts['settings']['max_source_tokens']}).", ""]
+              f"(limit {counts['settings']['max_source_tokens']}).", "",
+              "The authored catalogue's scripted expert (its op read off the source's keywords, right on every "
+              "authored task) repairs " + ", ".join(f"{counts['keyword_rule_repairs'][s]} of "
+                                                    f"{counts['tasks_by_split'][s]} {s}" for s in SPLIT_NAMES)
+              + " tasks: the reference a cold start cloned from it begins at.", ""]
     return "\n".join(lines)
