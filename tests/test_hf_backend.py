@@ -211,3 +211,33 @@ def test_the_trainers_shared_prefix_pass_equals_the_full_pass_values_and_gradien
     assert float((shared - full).abs().max()) < 1e-5
     assert len(shared_grads) == len(full_grads)
     assert max(float((a - b).abs().max() / (b.abs().max() + 1e-12)) for a, b in zip(shared_grads, full_grads)) < 1e-4
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_a_pass_without_gradient_takes_at_most_no_grad_rows_rows_at_a_time(small_qwen3, monkeypatch):
+    """An evaluation scores every episode at once (action_entropy: 400 episodes of a HumanEval lab); the decoder pass
+    keeps every row's keys and values, so without gradient it runs NO_GRAD_ROWS rows at a time, giving the rows' own
+    log-probs and entropies; a pass with gradient (a training batch) stays whole."""
+    from agentrl.backends import hf
+    g = torch.Generator().manual_seed(7)
+    ids = torch.cat([torch.randint(500, 5000, (1, 20), generator=g).expand(7, -1),
+                     torch.randint(500, 5000, (7, 6), generator=g)], 1)
+    at = torch.rand(7, ids.shape[1] - 1, generator=g) < 0.5
+    with torch.no_grad():
+        whole = small_qwen3.log_probs(ids, at, entropy=True)
+    calls = []
+    decoder = type(small_qwen3.decoder).forward
+    monkeypatch.setattr(type(small_qwen3.decoder), "forward", lambda self, *a, **k: calls.append(
+        k["input_ids"].shape[0]) or decoder(self, *a, **k))
+    monkeypatch.setattr(hf, "NO_GRAD_ROWS", 3)
+    with torch.no_grad():
+        chunked = small_qwen3.log_probs(ids, at, entropy=True)
+    assert calls == [1, 3, 1, 3, 1]   # per chunk of 3 the shared prefix once, then its rows; the last row alone
+    for a, b in zip(whole, chunked):
+        assert a.shape == b.shape == at.shape and float((a - b).abs().max()) < 1e-5
+    assert float(chunked[0][~at].abs().max()) == 0.0
+    calls.clear()
+    small_qwen3.log_probs(ids, at)[0].sum().backward()
+    assert calls == [1, 7]
+    small_qwen3.zero_grad()

@@ -127,3 +127,13 @@ def test_no_raw_html(built):
         assert not re.search(r"<\s*/?\s*[A-Za-z!][^>]*>", prose), f"raw HTML on line {n}: {line}"
         assert not re.search(r"&[a-z]+;", prose), f"HTML entity on line {n}: {line}"
     assert not in_fence, "unclosed code fence"
+
+
+def test_a_log_axis_with_only_its_threshold_gets_limits_computed_here():
+    """The dashboard's gap panel when the gap is 0 at every step (the fixed kernels): nothing to draw but the
+    threshold, and the limits are a decade either side of it, in Python floats, never matplotlib's CPU-dependent
+    widening of an empty range; with data, a decade beyond the data and the threshold."""
+    from agentrl.report.figures import _log_limits
+    nan = float("nan")
+    assert _log_limits([nan, nan, nan, nan, 1e-3]) == (1e-3 / 10, 1e-3 * 10)
+    assert _log_limits([2e-6, nan, 5e-2, 1e-3]) == (2e-6 / 10, 5e-2 * 10)

@@ -119,3 +119,26 @@ def test_train_rejects_bad_steps_and_empty_tasks(quick_base, tok):
         train(quick_base, make_tasks("train"), tok, RLConfig(), 0, env=GYM.make(RLConfig()))
     with pytest.raises(ConfigError, match="tasks"):
         train(quick_base, [], tok, RLConfig(), 1, env=GYM.make(RLConfig()))
+
+
+def test_an_evaluations_entropy_from_its_sampler_equals_a_second_pass(rl_base, tok):
+    """evaluate(token_entropy=True) samples the same episodes (the same ids, rewards, sampler log-probs) and keeps
+    each policy token's entropy, whose mean equals action_entropy's second pass over the episodes (the labs' held-out
+    entropy, without that pass); without the flag nothing is kept."""
+    from agentrl.eval.evaluation import sample_entropy_mean
+    cfg = RLConfig()
+
+    def run(flag):
+        g = torch.Generator().manual_seed(HELDOUT_SEED)
+        return evaluate(rl_base, make_tasks("heldout"), tok, 3, 1.0, g, cfg, env=GYM.make(cfg, evaluation=True),
+                        batch_episodes=8, token_entropy=flag)["trajs"]
+    plain, kept = run(False), run(True)
+    assert [t.ids for t in plain] == [t.ids for t in kept] and [t.reward for t in plain] == [t.reward for t in kept]
+    assert [t.sample_logp for t in plain] == [t.sample_logp for t in kept]
+    assert all(t.sample_entropy is None for t in plain)
+    for t in kept:
+        assert len(t.sample_entropy) == len(t.action_mask)
+        assert all(e == 0.0 for e, m in zip(t.sample_entropy, t.action_mask) if not m)
+    with torch.no_grad():
+        second_pass = action_entropy(rl_base, kept, tok)
+    assert 0.05 < second_pass and sample_entropy_mean(kept) == pytest.approx(second_pass, rel=1e-5)

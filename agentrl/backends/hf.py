@@ -41,6 +41,8 @@ CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")   # where tr
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 NO_GRAD_CHUNK = 1024    # positions per LM-head pass without gradient: 1024 x 151,936 float32 logits are 594 MiB
+NO_GRAD_ROWS = 64       # rows per decoder pass without gradient: the pass keeps every row's keys and values, which for
+                        # a 400-episode evaluation of SmolLM2 (30 layers, 1,000 slots) would be 18 GiB at once
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}   # a lab's dtype -> the compute dtype
 EMBEDDING_ROWS = {"qwen3": 151_936}   # Qwen3's embedding rows (its tokenizer's 151,669 tokens, padded)
 
@@ -145,9 +147,14 @@ class HFPolicy(nn.Module):
     def log_probs(self, ids: torch.Tensor, at: torch.Tensor | None = None, temperature: float = 1.0,
                   entropy: bool = False):
         """log p(ids[1:]) [B, T-1] at the positions `at` marks (0 elsewhere), the LM head applied there only; without
-        gradient, NO_GRAD_CHUNK positions at a time (an evaluation's 10^4 positions would be GiBs of logits)."""
+        gradient, NO_GRAD_ROWS rows per decoder pass and NO_GRAD_CHUNK positions per LM-head pass (an evaluation's
+        10^5 positions would be GiBs of keys, values and logits)."""
         B, T = ids.shape
         at = torch.ones(B, T - 1, dtype=torch.bool, device=ids.device) if at is None else at > 0
+        if B > NO_GRAD_ROWS and not torch.is_grad_enabled():
+            parts = [self.log_probs(ids[i:i + NO_GRAD_ROWS], at[i:i + NO_GRAD_ROWS], temperature, entropy)
+                     for i in range(0, B, NO_GRAD_ROWS)]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if entropy else None
         h, targets = self.hidden(ids)[:, :-1][at], ids[:, 1:][at]
         if floors.METER is not None:   # a lab's work meter (agentrl.model.floors)
             n = common_prefix(ids)

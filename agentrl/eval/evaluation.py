@@ -14,17 +14,19 @@ from agentrl.rl.trainer import Hook, TrainState
 
 
 def evaluate(model, tasks: list, tok, n_per_task: int, temperature: float, generator: torch.Generator, cfg, *,
-             env, batch_episodes: int = 256) -> dict:
+             env, batch_episodes: int = 256, token_entropy: bool = False) -> dict:
     """Sample n_per_task episodes per task with the given generator (never the training stream) on the episodes
     `env(task, generator)` makes: an evaluation's (EnvironmentSpec.make(cfg, evaluation=True): the reward is the
     hidden tests' whatever cfg.reward trains on). Returns {"pass_rate", "per_task": {name: {"n", "c"}}, "trajs"}
-    where c counts successes."""
+    where c counts successes; with `token_entropy` the trajectories keep their sampled tokens' entropies
+    (sample_entropy_mean)."""
     if n_per_task < 1:
         raise ValueError(f"n_per_task: expected an integer >= 1, got {n_per_task!r}")
     envs = [env(task, generator) for task in tasks for _ in range(n_per_task)]
     trajs: list[Trajectory] = []
     for i in range(0, len(envs), batch_episodes):
-        trajs += sample_episodes(model, envs[i:i + batch_episodes], tok, generator, temperature, cfg.max_call_tokens)
+        trajs += sample_episodes(model, envs[i:i + batch_episodes], tok, generator, temperature, cfg.max_call_tokens,
+                                 token_entropy)
     per_task = {t.name: {"n": 0, "c": 0} for t in tasks}
     for tr in trajs:
         per_task[tr.record.task]["n"] += 1
@@ -47,6 +49,14 @@ def action_entropy(model, trajs: list[Trajectory], tok) -> float:
     batch = collate(trajs, tok.pad_id)
     entropy = model.log_probs(batch["ids"], at=batch["action_mask"] > 0, entropy=True)[1]
     return float(masked_mean(entropy, batch["action_mask"]))
+
+
+def sample_entropy_mean(trajs: list[Trajectory]) -> float:
+    """action_entropy from the sampler's own distributions (trajectories sampled with token_entropy): the mean over
+    every policy token of the entropy (nats) of the distribution it was drawn from. At temperature 1 this is
+    action_entropy's quantity, computed while sampling instead of by a second pass over the episodes."""
+    total = sum(e for t in trajs for e, m in zip(t.sample_entropy, t.action_mask) if m)
+    return float(total / max(sum(t.n_policy_tokens for t in trajs), 1))
 
 
 def group_gradient_share(trajs: list[Trajectory], group_size: int) -> float:

@@ -23,12 +23,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from torch import no_grad
 
 from agentrl.core.seeding import generator as stream_generator
 from agentrl.env.registry import environment
 from agentrl.env.tasks import make_tasks
-from agentrl.eval.evaluation import action_entropy, evaluate
+from agentrl.eval.evaluation import evaluate, sample_entropy_mean
 from agentrl.labs.precision import BF16_FLAGS, check_dtype
 from agentrl.labs.progress import GRPOCheckpoint, LabProgress, load_weights
 from agentrl.labs.signal import StepSignal, decision_entropy, signal_check
@@ -124,11 +123,11 @@ def held_out(model, tasks, chat, run, cfg, env_factory, seed: int, label: str, b
     """Held-out episodes (hidden-test reward) from the evaluation stream `label`, with their behaviour."""
     model.eval()
     res = evaluate(model, tasks, chat, run.eval_per_task, 1.0, stream_generator(seed, "lab", "eval", label), cfg,
-                   env=env_factory, batch_episodes=batch)
+                   env=env_factory, batch_episodes=batch, token_entropy=True)
     beh = behavior_stats(res["trajs"])
     out = {"pass_rate": res["pass_rate"], "per_task": res["per_task"], "malformed": beh["malformed"],
            "submitted": beh["submitted"], "read_first": beh["read_first"], "turns": beh["turns"],
-           "entropy": no_grad(action_entropy)(model, res["trajs"], chat),
+           "entropy": sample_entropy_mean(res["trajs"]),
            "decision_entropy": decision_entropy(res["trajs"])}
     if all("failed_malformed" in t.record.counts for t in res["trajs"]):
         out.update(tools_behaviour(res["trajs"]))

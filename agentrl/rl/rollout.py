@@ -28,6 +28,8 @@ class Trajectory:
     group: int = 0
     decisions: list = field(default_factory=list)   # per call, {key: nats}: the sampler's entropy summed over the
                                                     # tokens that decide it (formats with `decision_tokens` only)
+    sample_entropy: list | None = None   # aligned to ids[1:]: the entropy (nats) of the distribution each policy
+                                         # token was drawn from, 0 elsewhere (sample_episodes(token_entropy=True))
     action_mask: list[int] = field(init=False)  # aligned to ids[1:]: 1 where the target was sampled by the policy
 
     def __post_init__(self):
@@ -41,14 +43,17 @@ class Trajectory:
 
 @torch.inference_mode()
 def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperature: float = 1.0,
-                    max_call_tokens: int = 5) -> list[Trajectory]:
+                    max_call_tokens: int = 5, token_entropy: bool = False) -> list[Trajectory]:
     """Play every env to the end with the backend's batched, KV-cached sampler (model.sampler), in the conversation
     format `fmt` (agentrl.env.formats; the gym's word-level tokenizer is one). Rows advance turn by
     turn together: each token is one forward over the rows still in their turn, each round of environment replies
-    one forward over the rows that got one, and a row whose episode ended leaves the cache."""
+    one forward over the rows that got one, and a row whose episode ended leaves the cache. With `token_entropy`, each
+    trajectory keeps the entropy of every policy token's distribution (an evaluation's entropy without a second
+    pass over its episodes)."""
     ids = [fmt.prompt(env) for env in envs]
     owner = [[OWNER["prompt"]] * len(r) for r in ids]
     logp = [[0.0] * len(r) for r in ids]  # aligned to ids; shifted to ids[1:] at the end
+    spread = [[0.0] * len(r) for r in ids] if token_entropy else None   # aligned as logp
     sampler = model.sampler(fmt.pad_id)
     alive = list(range(len(envs)))                     # the episode of each sampler row
     decide = getattr(fmt, "decision_tokens", None)
@@ -56,12 +61,15 @@ def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperat
     last_logits = sampler.append(ids)
     while alive:
         calls, call_logp, call_entropy = _sample_calls(sampler, last_logits, generator, temperature,
-                                                       max_call_tokens, fmt.stop_id, fmt.pad_id, decide is not None)
+                                                       max_call_tokens, fmt.stop_id, fmt.pad_id,
+                                                       decide is not None or token_entropy)
         replies, going = [], []
         for i, r in enumerate(alive):
             ids[r] += calls[i]
             owner[r] += [OWNER["policy"]] * len(calls[i])
             logp[r] += call_logp[i]
+            if token_entropy:
+                spread[r] += call_entropy[i]
             if decide is not None:
                 decisions[r].append({key: sum(call_entropy[i][k] for k in at)
                                      for key, at in decide(calls[i]).items()})
@@ -71,6 +79,8 @@ def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperat
                 ids[r] += reply
                 owner[r] += [OWNER["env"]] * len(reply)
                 logp[r] += [0.0] * len(reply)
+                if token_entropy:
+                    spread[r] += [0.0] * len(reply)
                 replies.append(reply)
                 going.append(i)
         if not going:
@@ -79,7 +89,8 @@ def sample_episodes(model, envs: list, fmt, generator: torch.Generator, temperat
             sampler.keep(torch.tensor(going))
             alive = [alive[i] for i in going]
         last_logits = sampler.append(replies)
-    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record(), decisions=decisions[r])
+    return [Trajectory(ids[r], owner[r], logp[r][1:], env.reward, env.record(), decisions=decisions[r],
+                       sample_entropy=spread[r][1:] if token_entropy else None)
             for r, env in enumerate(envs)]
 
 
