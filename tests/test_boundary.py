@@ -147,6 +147,27 @@ def test_ctrl_c_inside_code_run_from_a_string_still_exits_130(tmp_path):
     assert (done.returncode, done.stderr) == (130, "error: x: interrupted (SIGINT)\n")
 
 
+
+def test_ctrl_c_inside_an_import_locks_weakref_callback_still_exits_130(tmp_path):
+    """importlib releases its module locks through weakref callbacks; an exception raised inside one is printed as
+    "Exception ignored" with a traceback and dropped, so a Ctrl-C landing there was lost and the stage ran on (seen in
+    test_fuzz's signal test on a slow CPU). The handler sends the signal again a moment later instead."""
+    (tmp_path / "entry_point.py").write_text(
+        "import sys, time, weakref\n"
+        "from agentrl.core import boundary\n"
+        "ns = {}\n"
+        "exec(compile('def cb(ref):\\n    import signal\\n    signal.raise_signal(2)\\n    x = 1\\n',\n"
+        "             '<frozen importlib._bootstrap>', 'exec'), ns)\n"
+        "class Lock: pass\n"
+        "def work():\n"
+        "    lock = Lock(); ref = weakref.ref(lock, ns['cb']); del lock\n"
+        "    time.sleep(10)\n"
+        "    return 0\n"
+        "sys.exit(boundary.guard('x', work))\n")
+    done = subprocess.run([sys.executable, "-m", "entry_point"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr) == (130, "error: x: interrupted (SIGINT)\n")
+
 def test_a_long_message_stays_one_bounded_line():
     line = boundary.one_line("audit: " + "k" * 10_000 + "\nsecond line")
     assert "\n" not in line and len(line) < 450 and "10,007 characters" in line

@@ -36,7 +36,7 @@ SHORT = {
 }
 NUMERIC = {"base", "length_start", "sft", "preflight", "train", "test", "behaviour", "ablate@default-0",
            "ablate@default-1", "ablate@public-0", "ablate@public-1", "ablate_summary", "threads", "faults", "report"}
-ALL_STAGES = NUMERIC | {"tasks", "select"}   # tasks and select do no tensor work, so no thread count
+ALL_STAGES = NUMERIC | {"tasks", "select", "humaneval"}   # these do no tensor work, so no thread count
 
 
 def run(cmd, cwd, check=True, timeout=2400, env=None):
@@ -77,6 +77,7 @@ def mini(tmp_path_factory):
     (repo / ".dvc").mkdir()
     shutil.copy(REPO / ".dvc" / "config", repo / ".dvc" / "config")
     (repo / "README.md").write_text("mini\n")
+    shutil.copytree(REPO / "data/sources/humaneval", repo / "data/sources/humaneval")   # what make install fetched
     write_params(repo, SHORT)
     run("git init -q && git config user.email t@example.com && git config user.name t && git add -A && "
         "git commit -qm mini", repo)

@@ -115,7 +115,19 @@ def _raise_signal(signum, frame):
     if _state["holding"]:
         _state["pending"] = _state["pending"] or signum
         return
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        _resend_soon(signum)   # importlib runs weakref callbacks (its module locks'): an exception raised in one is
+        return                 # printed as "Exception ignored" and dropped, and the signal would be lost
     _raise_now(signum)
+
+
+def _resend_soon(signum: int, delay: float = 0.01):
+    """The same signal to this process again after `delay` seconds (from a timer thread: the handler runs again on
+    the main thread, at a point where an exception can propagate)."""
+    import threading
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 def _raise_now(signum: int):
