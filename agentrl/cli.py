@@ -17,7 +17,8 @@ from pathlib import Path
 from agentrl.backends.registry import BACKENDS
 from agentrl.core.artifacts import policy_path
 from agentrl.core.boundary import check_threads, guard
-from agentrl.labs.verbs import LAB_VERBS, add_lab_verbs
+from agentrl.core.lab_config import DTYPES, PREFIX_KV
+from agentrl.labs.verbs import LAB_VERBS, add_lab_verbs, in_lab_process
 from agentrl.model.kernels.registry import KERNELS
 
 
@@ -68,17 +69,19 @@ def _list_of(parse, example: str):
     return parse_list
 
 
-def _dtype(text: str) -> str:
-    if text not in ("fp32", "bf16"):
-        raise argparse.ArgumentTypeError(f"expected fp32 or bf16, got {text!r}")
-    return text
+def _one_of(allowed: tuple):
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"expected {' or '.join(allowed)}, got {text!r}")
+        return text
+    return parse
 
 
 _thread_list = _list_of(_int_at_least(1), "1,2")
 _episode_list = _list_of(_int_at_least(8), "16,64,256")
 _seed_list = _list_of(_seed, "0,1,2")
 _rows_list = _list_of(_int_at_least(1), "16,32,64,128")
-_dtype_list = _list_of(_dtype, "fp32,bf16")
+_dtype_list, _prefix_kv_list = _list_of(_one_of(DTYPES), "fp32,bf16"), _list_of(_one_of(PREFIX_KV), "repeat,once")
 
 
 def _fault_name(text: str) -> str:
@@ -385,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", type=_dtype_list, default=["fp32"], help="hf: fp32, bf16 or both, each in turn "
                    "(bf16 is refused on a CPU without amx_bf16 or avx512_bf16, and under portable numerics)")
     b.add_argument("--new-tokens", type=_int_at_least(1), default=24, help="hf: new tokens per prompt")
+    b.add_argument("--prefix-kv", type=_prefix_kv_list, default=["repeat"], help="hf: the sampler's shared prefix "
+                   "copied into every row (repeat) or kept once (once); the decode scan runs each in turn")
+    b.add_argument("--decode-only", action="store_true", help="hf: the decode scan and its floors alone")
     b.add_argument("--memory-rows", type=_int_at_least(1), default=8, help="hf: rows of the measured update")
     b.add_argument("--clone-rows", type=_int_at_least(1), default=4, help="hf: conversations of the measured cloning "
                    "step (the committed recipe's clone_batch)")
@@ -439,7 +445,6 @@ def _main(argv) -> int:
     pin(numerics_mode(args))   # before any verb imports torch: the kernels are chosen when it loads
     verbs = {"envcheck": cmd_envcheck, "check": cmd_check, "bench": cmd_bench, "audit": cmd_audit,
              "replay": cmd_replay, "study": cmd_study, "compare-reports": cmd_compare_reports, "deps": cmd_deps,
-             "params": cmd_params,
-             "research": cmd_research, "sweep": cmd_sweep,
-             **{verb: (lambda args, cmd=cmd: cmd(args, set_threads)) for verb, cmd in LAB_VERBS.items()}}
+             "params": cmd_params, "research": cmd_research, "sweep": cmd_sweep,
+             **{verb: (lambda a, cmd=cmd: in_lab_process(cmd, a, set_threads)) for verb, cmd in LAB_VERBS.items()}}
     return verbs[args.cmd](args)

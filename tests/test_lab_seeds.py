@@ -214,6 +214,29 @@ def test_a_labs_report_names_the_kernels_its_cpu_ran(repo_root, cpu, text):
     assert text in md and md.count("kernels") == (1 if cpu else 0)
 
 
+@pytest.mark.parametrize("prefix_kv, named", [("once", True), ("repeat", False), (None, False)])
+def test_a_labs_report_names_a_prefix_kept_once_only_where_set(repo_root, prefix_kv, named):
+    """A lab sampled with the shared prefix kept once (another floating-point order than the committed seeds') says
+    so in its first lines; `repeat`, and a record from before the key existed, read as they did."""
+    numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())
+    record = {k: v for k, v in numbers.items() if k not in ("held_out", "training", "device_run")}
+    config = {k: v for k, v in record["config"].items() if k != "prefix_kv"}
+    _, md = lab_report({**record, "config": {**config, **({"prefix_kv": prefix_kv} if prefix_kv else {})},
+                        "history": []})
+    assert ("dtype fp32, sampler's shared prompt prefix kept once (another floating-point order); CPU" in md) == named
+    assert ("dtype fp32; CPU" in md) != named
+
+
+def test_a_lab_verb_keeps_freed_memory_as_the_lab_stage_does(monkeypatch, capsys):
+    """labtemps, labbaselines, ... time what the lab stage times: their process keeps freed memory too."""
+    from agentrl import cli
+    from agentrl.labs import allocator
+    calls = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setitem(cli.LAB_VERBS, "labtemps", lambda args, set_threads: 0 if calls else 1)
+    assert cli.main(["labtemps", "--lab", "menu", "--table"]) == 0 and calls == [1]
+
+
 def test_a_lab_stopped_before_grpo_says_how_many_of_its_steps_ran(repo_root):
     from agentrl.labs.report import grpo_steps_text
     numbers = json.loads((repo_root / "reports/labs/direct/smollm2-cuda-fp32.json").read_text())

@@ -39,6 +39,8 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"configs": {"menu": {"hidden": 1_000_000}}}, r"lab.configs.menu.hidden: expected an integer in \[8, 4096\]"),
     ({"configs": {"menu": {"steps": 10**21}}}, r"lab.configs.menu.steps: expected an integer in \[1, 100000\]"),
     ({"configs": {"menu": {"rl": {"p_rename_operands": 1.5}}}}, r"lab.configs.menu.rl.p_rename_operands: expected"),
+    ({"configs": {"menu": {"prefix_kv": "twice"}}}, r"lab.configs.menu.prefix_kv: unknown value 'twice'; allowed: "
+                                                    r"repeat, once$"),
 ])
 def test_a_bad_lab_value_is_one_line_naming_it(values, message):
     with pytest.raises(ParamsError, match=message) as err:
@@ -231,7 +233,8 @@ SHORT_LAB = {"eval_batch": 10,
 @pytest.mark.parametrize("name", ["menu", "tools"])
 def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(name, tmp_path, monkeypatch):
     """The whole lab (model made, written and loaded back; cold start; preflight; evaluation; GRPO; evaluation)
-    on a shortened config, and its report has each of the issue's columns, filled."""
+    on a shortened config, and its report has each of the issue's columns, filled. The menu lab's sampler keeps the
+    shared prompt prefix once (LabRun.prefix_kv), the tools lab's copies it into every row: both paths end to end."""
     import json
 
     from agentrl.core.config import load_section
@@ -239,7 +242,10 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     from agentrl.labs.report import lab_report
     from agentrl.labs.timing import SandboxShare
     monkeypatch.chdir(REPO)   # the tokenizer files under data/tokenizers/qwen3
-    params = {"lab": load_section("lab", {"lab": SHORT_LAB}), "rl": load_section("rl", {"rl": {}}),
+    prefix_kv = "once" if name == "menu" else "repeat"
+    configs = {**SHORT_LAB["configs"], name: {**SHORT_LAB["configs"][name], "prefix_kv": prefix_kv}}
+    lab = {**SHORT_LAB, "configs": configs}
+    params = {"lab": load_section("lab", {"lab": lab}), "rl": load_section("rl", {"rl": {}}),
               "run": load_section("run", {"run": {}})}
     share = SandboxShare()
     from agentrl.core.lab_config import config_run
@@ -251,6 +257,7 @@ def test_a_lab_runs_end_to_end_on_a_shortened_config_and_reports_every_column(na
     numbers, md = lab_report(record)
     assert (tmp_path / "model" / "config.json").is_file() and (tmp_path / "out" / "final" / "tokenizer.json").is_file()
     assert numbers["held_out"]["tasks"] == 10 and len(numbers["training"]["entropy_per_step"]) == 1
+    assert numbers["config"]["prefix_kv"] == prefix_kv and ("shared prompt prefix kept once" in md) == (name == "menu")
     assert set(numbers["preflight"]["checks"]) == {"mask_is_policy", "sampler_trainer_gap", "ratio_is_one",
                                                    "group_adv_mean", "padding_invariance", "accumulation",
                                                    "old_logp_frozen", "update_direction", "kl_to_reference"}
@@ -300,6 +307,31 @@ def test_the_hf_bench_measures_both_samplers_and_both_update_memories():
     assert all(f["floor_s"] == max(f["memory_s"], f["compute_s"]) > 0 and f["ratio"] == f["seconds"] / f["floor_s"]
                for f in floors)
     assert "| phase | time (ms) | floor (ms) | bound by |" in out.stdout
+
+
+@pytest.mark.slow
+@needs_tokenizer
+def test_the_decode_only_bench_compares_the_prefix_modes_at_equal_arithmetic():
+    """`bench --backend hf --decode-only --prefix-kv repeat,once --json`: each row count in both modes, the same
+    FLOPs, fewer bytes read once the shared prefix is kept once, the sampler-trainer gap as small in both."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "agentrl", "bench", "--backend", "hf", "--rows", "2,4",
+                          "--new-tokens", "3", "--steps", "1", "--threads", "1", "--decode-only",
+                          "--prefix-kv", "repeat,once", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    decode = result["fp32"]["decode"]
+    assert [(d["rows"], d["prefix_kv"]) for d in decode] == [(2, "repeat"), (2, "once"), (4, "repeat"), (4, "once")]
+    assert all(d["shared"] == 0 for d in decode if d["prefix_kv"] == "repeat")
+    assert all(0 < d["shared"] < d["prompt_tokens"] for d in decode if d["prefix_kv"] == "once")
+    assert all(d["gap_max"] < 1e-4 for d in decode)
+    floors = result["fp32"]["floors"]
+    for repeat, once in zip(floors[0::2], floors[1::2]):
+        assert "kept once" in once["phase"] and once["gflop"] == repeat["gflop"] and once["gbytes"] < repeat["gbytes"]
+    assert "sampling" not in result   # no sampler-against-generate comparison was run
 
 
 @pytest.mark.slow

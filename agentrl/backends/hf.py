@@ -62,6 +62,7 @@ class HFPolicy(nn.Module):
     def __init__(self, lm, precision: str = "fp32"):
         super().__init__()
         self.lm = lm
+        self.prefix_kv = "repeat"   # how the sampler keeps a batch's shared prefix (hf_sampler.PREFIX_KV)
         self.set_precision(precision)
 
     def set_precision(self, precision: str) -> None:
@@ -112,7 +113,7 @@ class HFPolicy(nn.Module):
         return {"backend": self.kind, "parameters": self.num_params(), "config": config}
 
     def sampler(self, pad_id: int) -> HFSampler:
-        return HFSampler(self, pad_id)
+        return HFSampler(self, pad_id, self.prefix_kv)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The decoder's last hidden state [B, T, D] of right-padded rows. The rows' common prefix (the shared

@@ -8,6 +8,12 @@
 - **A KV slab.** Each layer's keys and values live in one preallocated buffer [rows, heads, capacity, dim] that a
   new slot is written into in place (capacity doubles when full); transformers' DynamicCache concatenates the whole
   cache on every token, which at 64 rows of 600 slots copied 1.5 GB per decoded token.
+- **Stored once, or in every row** (`PREFIX_KV`). `repeat` copies the shared prefix's keys and values into every
+  row, and transformers' attention (SDPA) reads each row's copy: at 64 rows of a 350-token shared prompt those copies
+  are most of the bytes a decode step reads. `once` keeps them once per batch; a registered attention function
+  (`prefix_once_attention`) scores every row's queries against them in one product per KV head and merges that
+  softmax with the row's own slots. The same function, in another floating-point order: a lab chooses it
+  (LabRun.prefix_kv); results at `repeat` stay those of the committed seeds.
 - **The sampler's own copy of the weights** (`SamplerWeights`): every linear layer's W^T, contiguous, in the
   policy's compute dtype, refreshed when an optimizer step has changed a weight (each parameter's in-place version
   counter). MKL repacks a transposed-layout weight on every call, which for decode's skinny products (a few dozen
@@ -18,16 +24,20 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 
 import torch
 import torch.nn as nn
 
 from agentrl.backends.offline import transformers
+from agentrl.core.lab_config import PREFIX_KV
 from agentrl.model import floors
 from agentrl.model.packing import pad_rows
 
 MIN_SHARED_PREFIX = 16  # a common prompt prefix at least this long is computed once per batch
+PREFIX_ATTENTION = "agentrl_prefix_once"   # the attention function `once` registers with transformers
+_SAMPLING_CACHE: contextvars.ContextVar = contextvars.ContextVar("sampling_cache")   # the cache a forward reads
 
 
 def shared_prefix(chunks: list[list[int]]) -> int:
@@ -49,8 +59,16 @@ def slab_layer():
         """A cache layer whose keys and values [rows, heads, slots, dim] are views of a preallocated slab: appending L
         slots writes them in place; the slab doubles when full, and is copied only when rows leave or are repeated."""
 
+        prefix_keys = prefix_values = None   # [1, heads, prefix, dim] under PREFIX_KV `once`
+
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             super().lazy_initialization(key_states, value_states)
+            self.slab_keys = self.slab_values = None
+            self.slots = 0
+
+        def hold_as_prefix(self) -> None:
+            """The one row's slots become the batch's shared prefix, kept apart; the slab starts empty."""
+            self.prefix_keys, self.prefix_values = self.keys.clone(), self.values.clone()
             self.slab_keys = self.slab_values = None
             self.slots = 0
 
@@ -96,6 +114,53 @@ def slab_layer():
                 self._view()
 
     return SlabLayer
+
+
+@functools.cache
+def register_prefix_attention() -> str:
+    """Register prefix_once_attention with transformers under PREFIX_ATTENTION (once per process)."""
+    transformers().AttentionInterface.register(PREFIX_ATTENTION, prefix_once_attention)
+    return PREFIX_ATTENTION
+
+
+def prefix_once_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor, scaling: float | None = None, **kwargs):
+    """Attention over a shared prefix kept once and each row's own slots, as one softmax.
+
+    query [R, H, L, d]; key, value [R, K, S, d] (the row's own slots, K key-value heads, H = K * G);
+    attention_mask [R, 1, L, S] bool (True: attend); the prefix [1, K, n, d] (every query sees all of it) is the
+    layer's in the cache the sampler's forward set. Returns ([R, L, H, d], None), as transformers' SDPA does.
+    The prefix scores are one [R*G*L, d] x [d, n] product per KV head: the prefix is read once, not once a row."""
+    layer = _SAMPLING_CACHE.get().layers[module.layer_idx]
+    kp, vp = layer.prefix_keys[0], layer.prefix_values[0]   # [K, n, d]
+    R, H, L, d = query.shape
+    K, n = kp.shape[0], kp.shape[1]
+    G = H // K
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query.reshape(R, K, G * L, d)   # head h reads key-value head h // G (transformers' repeat_kv)
+    prefix_scores = torch.matmul(q.transpose(0, 1).reshape(K, R * G * L, d), kp.transpose(1, 2)).float()
+    prefix_scores = prefix_scores.mul_(scale).view(K, R, G * L, n)
+    own_scores = torch.matmul(q, key.transpose(-1, -2)).float().mul_(scale)   # [R, K, G*L, S]
+    own_scores.view(R, K, G, L, -1).masked_fill_(~attention_mask[:, :, None], float("-inf"))
+    top = torch.maximum(prefix_scores.amax(-1).transpose(0, 1), own_scores.amax(-1))[..., None]   # [R, K, G*L, 1]
+    prefix_p = (prefix_scores - top.transpose(0, 1)).exp_()   # [K, R, G*L, n]
+    own_p = (own_scores - top).exp_()
+    total = prefix_p.sum(-1).transpose(0, 1)[..., None] + own_p.sum(-1, keepdim=True)
+    mixed = torch.matmul(prefix_p.view(K, R * G * L, n).to(vp.dtype), vp).view(K, R, G * L, d).transpose(0, 1)
+    mixed = mixed + torch.matmul(own_p.to(value.dtype), value)
+    out = (mixed / total).to(query.dtype)
+    return out.reshape(R, H, L, d).transpose(1, 2).contiguous(), None
+
+
+def check_plain_attention(config) -> None:
+    """prefix_once_attention is full causal softmax attention, nothing else: refuse a model whose attention has a
+    sliding window or soft-capped scores, in one line, before any forward."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    capped = getattr(config, "attn_logit_softcapping", None)
+    if layer_types != {"full_attention"} or capped:
+        kinds = ", ".join(sorted(layer_types)) + (f", scores soft-capped at {capped}" if capped else "")
+        raise ValueError(f"prefix_kv: 'once' needs full causal attention in every layer; this model has {kinds}; "
+                         f"allowed for it: repeat")
 
 
 def slab_cache(config):
@@ -148,12 +213,17 @@ def _transposed_linear(wt: torch.Tensor, bias: torch.Tensor | None):
 class HFSampler:
     """Batched KV-cached sampling state of an HFPolicy (agentrl.backends.base.Sampler)."""
 
-    def __init__(self, policy, pad_id: int):
-        self.policy, self.pad_id = policy, pad_id
+    def __init__(self, policy, pad_id: int, prefix_kv: str = "repeat"):
+        if prefix_kv not in PREFIX_KV:
+            raise ValueError(f"prefix_kv: unknown value {prefix_kv!r}; allowed: {', '.join(PREFIX_KV)}")
+        if prefix_kv == "once":
+            check_plain_attention(policy.lm.config)
+        self.policy, self.pad_id, self.prefix_kv = policy, pad_id, prefix_kv
         self.cache = slab_cache(policy.lm.config)
         self.mask: torch.Tensor | None = None      # [rows, slots]: 1 where the slot holds a token of the row
         self.lengths: torch.Tensor | None = None   # tokens in each row
         self.prefix_tokens = 0                     # the shared prefix computed once (for the bench's accounting)
+        self.prefix_apart = False                  # the prefix's keys and values kept once (PREFIX_KV `once`)
 
     def _forward(self, ids: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """ids, valid [rows, L] appended as L slots; returns the logits after slot last[r] of each row in `last`'s
@@ -161,18 +231,39 @@ class HFSampler:
         L = ids.shape[1]
         pos = self.lengths[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)
         mask = valid.long() if self.mask is None else torch.cat([self.mask, valid.long()], 1)
-        with self.policy.sampling():
-            out = self.policy.decoder(input_ids=ids, attention_mask=mask, position_ids=pos,
+        with self.policy.sampling(), self._attention(mask, L) as attention_mask:
+            out = self.policy.decoder(input_ids=ids, attention_mask=attention_mask, position_ids=pos,
                                       past_key_values=self.cache, use_cache=True)
             self.mask = mask
             self.lengths = self.lengths + valid.sum(1)
             if floors.METER is not None:
-                floors.METER.sampler_forward(ids.shape[0], L, mask.shape[1])
+                shared = self.prefix_tokens if self.prefix_apart else 0
+                floors.METER.sampler_forward(ids.shape[0], L, mask.shape[1] + shared, shared=shared)
             assert out.last_hidden_state.shape[1] == L
             return self.policy.head(out.last_hidden_state[last[:, 0], last[:, 1]]).float()
 
+    @contextlib.contextmanager
+    def _attention(self, mask: torch.Tensor, L: int):
+        """The attention mask the decoder gets: the rows' 2D mask for transformers' own attention; under a prefix
+        kept apart, the own slots' 4D causal mask [rows, 1, L, slots] (bool) for prefix_once_attention, which is the
+        model's attention for this forward."""
+        if not self.prefix_apart:
+            yield mask
+            return
+        S = mask.shape[1]
+        causal = torch.arange(S)[None, :] <= torch.arange(S - L, S)[:, None]   # [L, S]
+        config = self.policy.lm.config
+        before, token = config._attn_implementation, _SAMPLING_CACHE.set(self.cache)
+        config._attn_implementation = register_prefix_attention()
+        try:
+            yield mask.bool()[:, None, None, :] & causal[None, None]
+        finally:
+            config._attn_implementation = before
+            _SAMPLING_CACHE.reset(token)
+
     def _prefill_shared(self, chunks: list[list[int]]) -> list[list[int]]:
-        """Compute the chunks' common prefix once and repeat its cache for every row; returns the rest of each."""
+        """Compute the chunks' common prefix once and repeat its cache for every row (PREFIX_KV `repeat`) or keep
+        it once for all rows (`once`); returns the rest of each."""
         n = shared_prefix(chunks)
         if len(chunks) < 2 or n < MIN_SHARED_PREFIX:
             return chunks
@@ -183,10 +274,15 @@ class HFSampler:
                                 position_ids=torch.arange(n)[None], past_key_values=self.cache, use_cache=True)
         if floors.METER is not None:
             floors.METER.sampler_forward(1, n, n)
-        self.cache.batch_repeat_interleave(rows)
-        self.mask = torch.ones(rows, n, dtype=torch.long)
         self.lengths = torch.full((rows,), n, dtype=torch.long)
         self.prefix_tokens = n
+        if self.prefix_kv == "once":
+            for layer in self.cache.layers:
+                layer.hold_as_prefix()
+            self.prefix_apart = True
+            return [c[n:] for c in chunks]
+        self.cache.batch_repeat_interleave(rows)
+        self.mask = torch.ones(rows, n, dtype=torch.long)
         return [c[n:] for c in chunks]
 
     def append(self, chunks: list[list[int]]) -> torch.Tensor:

@@ -10,9 +10,10 @@ by side.
 - Floors: each phase (a decode step at each row count, the update's pass, the cold start's cloning step with Adam)
   beside its floor, the larger of its bytes at a same-run read bandwidth and its FLOPs at the same-run GEMM
   (agentrl.model.floors).
-- Memory: one update's forward and backward on the same demonstrations with the LM head on policy positions only
-  (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh process, its peak resident
-  set above the resident set it had before the update.
+- Memory (measured by agentrl.bench.hf_memory): one update's forward and backward on the same demonstrations with the LM head
+  on policy positions only (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh
+  process, its peak resident set above the resident set it had before the update.
+- The process keeps freed memory as a lab process does (agentrl.labs.allocator): its times are the lab's.
 
 The model is a small random-init Qwen3 made from the seed (speed and memory do not depend on what it has learned),
 or a user's model directory (--model: Qwen3 or Llama). Absolute figures depend on the machine; the ratios are the
@@ -21,7 +22,6 @@ result.
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from agentrl.bench import BENCHES
 from agentrl.bench.caps import run_caps_bench
+from agentrl.bench.hf_memory import update_memory
 from agentrl.model.floors import gemm_gflops, memory_bandwidth_gbs
 
 TOKENIZER_DIR = Path("data/tokenizers/qwen3")
@@ -107,63 +108,6 @@ def compare_sampling(model, chat, rows: int, new_tokens: int, repeats: int) -> d
             "speedup": med["generate"] / med["backend"]}
 
 
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_kib() -> int:
-    """The resident set now (KiB), after resetting the process's peak to it (Linux: /proc/self/clear_refs "5"),
-    so that peak_kib() measures from here rather than from the model's load. Without /proc: the lifetime peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        now = _status_kib("VmRSS")
-        if now is not None:
-            return now
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def peak_kib() -> int:
-    """The resident set's peak (KiB) since reset_peak_kib()."""
-    hwm = _status_kib("VmHWM")
-    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def update_memory(model, chat, variant: str, rows: int) -> dict:
-    """Peak resident set of one forward and backward of the token-mean policy loss on `rows` expert demonstrations,
-    above the resident set before it: the LM head on policy positions ("policy") or full logits ("full")."""
-    import torch
-
-    from agentrl.env.gym.environment import make_env_factory
-    from agentrl.env.tasks import make_tasks
-    from agentrl.model.logprobs import selected_log_probs
-    from agentrl.rl.rollout import collate
-    from agentrl.starting.chat import expert_demo
-    tasks, factory, gen = make_tasks("train"), make_env_factory(6, "hidden", True), torch.Generator().manual_seed(0)
-    batch = collate([expert_demo(factory(tasks[i % len(tasks)], gen), chat) for i in range(rows)], chat.pad_id)
-    ids, mask = batch["ids"], batch["action_mask"]
-    before = reset_peak_kib()   # loading a model can peak above what its update needs: the peak starts here
-    t0 = time.perf_counter()
-    if variant == "policy":
-        logp, _ = model.log_probs(ids, mask > 0)
-    else:
-        logits = model.lm(input_ids=ids).logits[:, :-1]     # [B, T-1, vocab]
-        logp = selected_log_probs(logits, ids[:, 1:])
-    loss = -(logp * mask).sum() / mask.sum()
-    loss.backward()
-    seconds = time.perf_counter() - t0
-    peak = peak_kib()
-    return {"variant": variant, "rows": rows, "width": int(ids.shape[1]), "policy_tokens": int(mask.sum()),
-            "peak_above_mib": (peak - before) / 1024, "peak_mib": peak / 1024, "seconds": seconds}
-
-
 def update_flops(config, rows: int, width: int, policy_tokens: int) -> float:
     """Floating-point operations of one forward and backward (backward = 2 x forward) of a decoder over rows x width
     tokens with the LM head at policy_tokens positions: 2 per weight per token in the projections and MLP, the
@@ -212,23 +156,25 @@ def update_throughput(model, chat, rows: int, repeats: int = 3) -> dict:
 def child_memory(variant: str, model_dir: str | None, hidden: int, layers: int, rows: int, threads: int,
                  dtype: str = "fp32") -> dict:
     """update_memory in a fresh process (each variant's peak measured alone)."""
-    cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows), str(threads),
-           dtype, model_dir or ""]
+    cmd = [sys.executable, "-m", "agentrl.bench.hf", variant, str(hidden), str(layers), str(rows),
+           str(threads), dtype, model_dir or ""]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"bench memory child ({variant}) failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def decode_scan(model, chat, rows: int, new_tokens: int, seed: int = 0) -> dict:
-    """The sampler's decode alone (after the prompts' prefill): seconds per new token at `rows` rows, and the
-    sampler-trainer gap of the tokens it drew (mean and max |trainer - sampler| log-prob)."""
+def decode_scan(model, chat, rows: int, new_tokens: int, seed: int = 0, prefix_kv: str = "repeat") -> dict:
+    """The sampler's decode alone (after the prompts' prefill), its shared prefix kept as `prefix_kv` says: seconds
+    per new token at `rows` rows, and the sampler-trainer gap of the tokens it drew (mean and max |trainer - sampler|
+    log-prob)."""
     import torch
 
     from agentrl.model.packing import pad_rows
     from agentrl.rl.rollout import _sample_calls
     batch = prompts(chat, rows)
     gen = torch.Generator().manual_seed(seed)
+    model.prefix_kv = prefix_kv
     with torch.inference_mode():
         sampler = model.sampler(chat.pad_id)
         first = sampler.append(batch)
@@ -240,9 +186,12 @@ def decode_scan(model, chat, rows: int, new_tokens: int, seed: int = 0) -> dict:
         for r, b in enumerate(batch):
             at[r, len(b) - 1:len(b) - 1 + len(calls[r])] = True
         trainer = model.log_probs(ids, at)[0][at]
+    model.prefix_kv = "repeat"
     gap = (trainer - torch.tensor([x for row in logps for x in row])).abs()
     return {"rows": rows, "new_tokens": new_tokens, "s_per_token": seconds, "gap_mean": float(gap.mean()),
-            "gap_max": float(gap.max())}
+            "gap_max": float(gap.max()), "prefix_kv": prefix_kv,
+            "shared": sampler.prefix_tokens if sampler.prefix_apart else 0,
+            "prompt_tokens": statistics.median(map(len, batch))}
 
 
 def sampler_weight_bytes(model) -> int:
@@ -274,6 +223,22 @@ def cloning_step(model, chat, rows: int, repeats: int = 3) -> dict:
             "seconds": statistics.median(steps)}
 
 
+def decode_floors(model, dtype: str, scan: list, gemm: float, bandwidth: float) -> list[dict]:
+    """Each decode step's measured seconds beside its floor (agentrl.model.floors): the KV cache at the prompt plus
+    half the new tokens, a prefix kept once (prefix_kv `once`) counted once."""
+    from agentrl.model import floors
+    shapes = floors.shapes_of(model.lm.config, model.num_params())
+    rows = []
+    for d in scan:
+        context = int(d["prompt_tokens"] + d["new_tokens"] / 2)
+        kept = "" if d["prefix_kv"] == "repeat" else f", prefix of {d['shared']} kept once"
+        rows.append({"phase": f"decode step, {d['rows']} rows{kept}", "seconds": d["s_per_token"], "context": context,
+                     **floors.floor(*floors.decode_step(shapes, d["rows"], context, dtype, d["shared"]), gemm,
+                                    bandwidth)})
+        rows[-1]["ratio"] = rows[-1]["seconds"] / rows[-1]["floor_s"]
+    return rows
+
+
 def phase_floors(model, dtype: str, scan: list, sampling: dict, update: dict, cloning: dict,
                  bandwidth: float) -> list[dict]:
     """Each phase's measured seconds beside its floor (agentrl.model.floors): decode steps at each row count (the
@@ -281,9 +246,7 @@ def phase_floors(model, dtype: str, scan: list, sampling: dict, update: dict, cl
     from agentrl.model import floors
     shapes = floors.shapes_of(model.lm.config, model.num_params())
     gemm = update["gemm_gflops"]
-    context = int(sampling["prompt_tokens"] + sampling["new_tokens"] / 2)
-    rows = [{"phase": f"decode step, {d['rows']} rows", "seconds": d["s_per_token"],
-             **floors.floor(*floors.decode_step(shapes, d["rows"], context, dtype), gemm, bandwidth)} for d in scan]
+    rows = decode_floors(model, dtype, scan, gemm, bandwidth)
     rows.append({"phase": f"update pass, {update['rows']} x {update['width']} tokens", "seconds": update["seconds"],
                  **floors.floor(*floors.training_pass(shapes, update["rows"], update["width"],
                                                       update["policy_tokens"], dtype), gemm, bandwidth)})
@@ -294,7 +257,7 @@ def phase_floors(model, dtype: str, scan: list, sampling: dict, update: dict, cl
                  **floors.floor(pass_flops, pass_bytes + floors.adam_step(shapes)[1], gemm, bandwidth)})
     for r in rows:
         r["ratio"] = r["seconds"] / r["floor_s"]
-        r["context"] = context if r["phase"].startswith("decode") else None
+        r.setdefault("context", None)
     return rows
 
 
@@ -313,19 +276,18 @@ def bench_dtype(args, model, chat, dtype: str, bandwidth: float, threads: int, h
     throughput against a same-run GEMM, a cloning step, each phase against its floor, the update's memory."""
     model.set_precision(dtype)
     rows = sorted(args.rows)
-    s = compare_sampling(model, chat, rows[0], args.new_tokens, args.steps)
     weights_floor_s = sampler_weight_bytes(model) / (bandwidth * 1e9)
-    scan = [decode_scan(model, chat, r, args.new_tokens) for r in rows]
+    if args.decode_only:
+        return decode_only(args, model, chat, dtype, bandwidth, rows, weights_floor_s)
+    s = compare_sampling(model, chat, rows[0], args.new_tokens, args.steps)
+    scan = [decode_scan(model, chat, r, args.new_tokens, prefix_kv=mode) for r in rows for mode in args.prefix_kv]
     u = update_throughput(model, chat, args.memory_rows, max(args.steps, 1))
     c = cloning_step(model, chat, args.clone_rows, max(min(args.steps, 3), 1))
     floors_ = phase_floors(model, dtype, scan, s, u, c, bandwidth)
     print(f"  [{dtype}] sampling {s['rows']} prompts of ~{s['prompt_tokens']:.0f} tokens, {s['new_tokens']} new "
           f"tokens each (median of {args.steps}): backend sampler {1000 * s['backend_s_per_token']:.1f} ms per new "
           f"token, plain generate {1000 * s['generate_s_per_token']:.1f} ms: x{s['speedup']:.2f}")
-    for d in scan:
-        print(f"  [{dtype}] decode at {d['rows']:4d} rows: {1000 * d['s_per_token']:.1f} ms per new token "
-              f"(the weights read once: {1000 * weights_floor_s:.1f} ms); sampler-trainer gap mean "
-              f"{d['gap_mean']:.2e}, max {d['gap_max']:.2e} nats")
+    print_scan(dtype, scan, weights_floor_s)
     tokens_s = u["rows"] * u["width"] / u["seconds"]
     print(f"  [{dtype}] update, {u['rows']} rows of {u['width']} tokens ({u['policy_tokens']} policy tokens), forward "
           f"+ backward: {u['seconds']:.2f} s ({tokens_s:.0f} tokens/s), {u['achieved_gflops']:.1f} GFLOP/s against a "
@@ -340,6 +302,35 @@ def bench_dtype(args, model, chat, dtype: str, bandwidth: float, threads: int, h
             "update": {**u, "tokens_per_s": tokens_s}, "cloning": c, "floors": floors_, "memory": mem}
 
 
+def print_scan(dtype: str, scan: list, weights_floor_s: float) -> None:
+    for d in scan:
+        print(f"  [{dtype}] decode at {d['rows']:4d} rows, prefix {d['prefix_kv']}: {1000 * d['s_per_token']:.1f} ms "
+              f"per new token (the weights read once: {1000 * weights_floor_s:.1f} ms); sampler-trainer gap mean "
+              f"{d['gap_mean']:.2e}, max {d['gap_max']:.2e} nats")
+
+
+def decode_only(args, model, chat, dtype: str, bandwidth: float, rows: list, weights_floor_s: float) -> dict:
+    """--decode-only: the decode scan at each row count, each prefix_kv mode in turn, repeated args.steps times
+    alternating the modes (the median kept), and each against its floor at a same-run GEMM of the model's shapes
+    ([4096, hidden] x [hidden, intermediate], about an update's tokens)."""
+    from agentrl.backends.hf import PRECISIONS
+    config = model.lm.config
+    gemm = gemm_gflops(4096, config.hidden_size, config.intermediate_size, dtype=PRECISIONS[dtype])
+    runs = {(r, m): [] for r in rows for m in args.prefix_kv}
+    for _ in range(max(args.steps, 1)):
+        for r in rows:
+            for mode in args.prefix_kv:
+                runs[(r, mode)].append(decode_scan(model, chat, r, args.new_tokens, prefix_kv=mode))
+    scan = []
+    for got in runs.values():
+        median = statistics.median(d["s_per_token"] for d in got)
+        scan.append({**got[0], "s_per_token": median, "repeats": [d["s_per_token"] for d in got]})
+    print_scan(dtype, scan, weights_floor_s)
+    table = decode_floors(model, dtype, scan, gemm, bandwidth)
+    print("\n".join(floor_table(dtype, table, gemm, bandwidth)))
+    return {"decode": scan, "floor_s_per_token": weights_floor_s, "gemm_gflops": gemm, "floors": table}
+
+
 def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
     if args.isa_caps:
         return run_caps_bench(args)
@@ -347,9 +338,11 @@ def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
 
     from agentrl.core.config import ConfigError
     from agentrl.core.numerics import cpu_info
+    from agentrl.labs.allocator import keep_freed_memory
     from agentrl.labs.precision import BF16_FLAGS, check_dtype, onednn_cap
     threads = max(args.threads)
     torch.set_num_threads(threads)
+    kept = keep_freed_memory()   # as a lab process does: its timings are the lab's
     cpu = cpu_info()
     refused = {}
     for dtype in args.dtype:
@@ -365,8 +358,9 @@ def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
     print(f"bench hf: {model.num_params():,} parameters ({args.model or 'small random-init Qwen3'}), "
           f"{threads} thread(s), {cpu['vendor']} {cpu['model']}, bf16 flags: "
           f"{', '.join(sorted(BF16_FLAGS & cpu['flags'])) or 'none'}, oneDNN capped at {onednn_cap() or 'nothing'}; "
+          f"freed memory {'kept, as in a lab' if kept else 'returned (not glibc)'}; "
           f"same-run read bandwidth {bandwidth:.1f} GB/s")
-    out = {"threads": threads, "bandwidth_gbs": bandwidth, "refused": refused,
+    out = {"threads": threads, "bandwidth_gbs": bandwidth, "refused": refused, "keeps_freed_memory": kept,
            "cpu": {"vendor": cpu["vendor"], "model": cpu["model"], "bf16_flags": sorted(BF16_FLAGS & cpu["flags"]),
                    "onednn_cap": onednn_cap()}}
     for dtype in args.dtype:
@@ -376,7 +370,8 @@ def run_hf_bench(args, hidden: int = 64, layers: int = 2) -> int:
         out[dtype] = bench_dtype(args, model, chat, dtype, bandwidth, threads, hidden, layers)
     if args.json:
         first = out[next(d for d in args.dtype if d not in refused)]
-        print(json.dumps({**out, "sampling": first["sampling"], "update": first["update"], "memory": first["memory"]}))
+        headline = {key: first[key] for key in ("sampling", "update", "memory") if key in first}
+        print(json.dumps({**out, **headline}))
     return 0
 
 
@@ -386,12 +381,14 @@ if __name__ == "__main__":   # the memory child: variant hidden layers rows thre
     from agentrl.core import numerics
     numerics.pin(os.environ.get("AGENTRL_NUMERICS", "portable"))   # the parent's mode (its pin exported it)
     import torch
+
+    from agentrl.labs.allocator import keep_freed_memory
+    keep_freed_memory()
     variant, hidden, layers, rows, threads = sys.argv[1], *map(int, sys.argv[2:6])
     torch.set_num_threads(threads)
     model, chat = small_or_given(sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] else None, hidden, layers)
     model.set_precision(sys.argv[6])
     print(json.dumps(update_memory(model, chat, variant, rows)))
-
 
 @BENCHES.register("hf")
 def bench_hf(args, verb) -> int:

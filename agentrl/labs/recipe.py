@@ -108,6 +108,7 @@ def load_policy(run, seed: int, small_model_dir: Path, device: str = "cpu"):
     model.weights_sha256 = weights
     chat = environment(run.environment).formats["chat"](load_tokenizer(model_dir, "lab.model"))
     model.set_precision(run.dtype)
+    model.prefix_kv = run.prefix_kv
     return model.to(device), chat, str(model_dir)
 
 
@@ -245,11 +246,13 @@ def progress_key(resume_key: str, digest: str) -> str:
 
 def pretrained_eval_inputs(run, seed: int, weights: str, chat, tasks: list, eval_batch: int, device: str) -> dict:
     """What the pretrained model's as-is evaluation is a function of, besides the stage's code and machine
-    (agentrl.labs.phase_cache): its weights, the held-out tasks, the evaluation's settings and the seed."""
+    (agentrl.labs.phase_cache): its weights, the held-out tasks, the evaluation's settings (prefix_kv among them:
+    another floating-point order samples other episodes) and the seed."""
     from agentrl.labs.phase_cache import task_digest
     return {"weights": weights, "dtype": run.dtype, "device": device, "seed": seed, "chat": chat.hash,
             "environment": run.environment, "tasks": task_digest(tasks), "eval_per_task": run.eval_per_task,
-            "new_tokens": run.new_tokens, "max_turns": run.max_turns, "eval_batch": eval_batch}
+            "new_tokens": run.new_tokens, "max_turns": run.max_turns, "eval_batch": eval_batch,
+            "prefix_kv": run.prefix_kv}
 
 
 def cold_start_inputs(run, seed: int, weights: str, chat, tasks: list, device: str) -> dict:

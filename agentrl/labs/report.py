@@ -278,6 +278,12 @@ def cost_lines(record: dict) -> list[str]:
     return out
 
 
+def prefix_text(record: dict) -> str:
+    """The sampler's shared prompt prefix, named where it is not the committed seeds' `repeat` (LabRun.prefix_kv)."""
+    mode = record["config"].get("prefix_kv", "repeat")
+    return "" if mode == "repeat" else f", sampler's shared prompt prefix kept {mode} (another floating-point order)"
+
+
 def preflight_lines(gate: dict, dtype: str = "fp32") -> list[str]:
     out = [f"The nine invariants (agentrl.rl.invariants) on a first batch of {gate['episodes']} episodes sampled "
            f"from the cloned policy (rewards: {gate['rewards']}): **{'passed' if gate['passed'] else 'failed'}**. "
@@ -390,7 +396,8 @@ def lab_report(record: dict) -> tuple[dict, str]:
     md = [f"# Lab `{record['lab']}` seed {seed}: the recipe on {record['model']} ({env} environment)", "",
           *gate_lines(record), f"**{label}**", "",
           f"Model: `{record['model_dir']}` ({record['backend']} backend, {record['architecture']}, "
-          f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}; "
+          f"{record['parameters']:,} parameters, device {record['device']}, dtype {record.get('dtype', 'fp32')}"
+          f"{prefix_text(record)}; "
           f"CPU {cpu.get('model', '?')}, bf16 flags: {', '.join(cpu.get('bf16_flags', [])) or 'none'}"
           f"{kernels_text(cpu)}), seed {seed}.{weights_text(record)} "
           f"Cold start: {cold['demos']} {kind} (demonstration pass {cold['demo_pass']:.2f}), {cold['steps']} "

@@ -157,3 +157,11 @@ def cmd_labbaselines(args, set_threads) -> int:
 
 LAB_VERBS = {"labcheck": cmd_labcheck, "labcells": cmd_labcells, "opprobe": cmd_opprobe, "labtemps": cmd_labtemps,
              "labbaselines": cmd_labbaselines}
+
+
+def in_lab_process(cmd, args, set_threads) -> int:
+    """A lab verb's command, its process keeping freed memory as the lab stage's does (agentrl.labs.allocator), so
+    that its timings are the lab's."""
+    from agentrl.labs.allocator import keep_freed_memory
+    keep_freed_memory()
+    return cmd(args, set_threads)

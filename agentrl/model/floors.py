@@ -7,7 +7,9 @@ Counts, for a decoder of L layers, hidden h, H query and K key-value heads of si
     linear weights per layer   W_l = h*H*d*2 (q, o) + h*K*d*2 (k, v) + 3*h*I (gate, up, down)
     decode step, R rows, context C tokens
         FLOPs   2*R*(L*W_l + V*h) + L * R * 2*2*C*H*d          (projections, LM head; scores and mixing)
-        bytes   weight bytes (every linear layer, the LM head included) + the KV cache: L * 2*K*d * C * R * e
+        bytes   weight bytes (every linear layer, the LM head included) + the KV cache: L * 2*K*d * C * R * e,
+                or, where the first P of the C positions are a prefix stored once for all rows,
+                L * 2*K*d * (P + (C - P) * R) * e
     training pass, R rows of T tokens, P policy positions (forward and backward: 3x the forward's FLOPs)
         FLOPs   3 * (2*R*T*L*W_l + L*R*2*T*T*H*d (causal half of 2 * 2*T*T*H*d) + 2*V*h*P)
         bytes   the weights read three times (forward, and the backward's two products) in the compute dtype, and
@@ -59,12 +61,17 @@ def shapes_of(config, parameters: int) -> Shapes:
                   intermediate=config.intermediate_size, vocab=config.vocab_size, parameters=parameters)
 
 
-def decode_step(s: Shapes, rows: int, context: int, dtype: str) -> tuple[float, float]:
-    """(FLOPs, bytes) of one decode step of `rows` rows at `context` tokens of KV cache."""
+def kv_bytes(s: Shapes, rows: int, context: int, shared: int, e: int) -> int:
+    """Bytes of `rows` rows' keys and values at `context` positions whose first `shared` are stored once."""
+    return s.layers * 2 * s.kv_heads * s.head_dim * (shared + (context - shared) * rows) * e
+
+
+def decode_step(s: Shapes, rows: int, context: int, dtype: str, shared: int = 0) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step of `rows` rows at `context` tokens of KV cache, the first `shared` of
+    them stored once for all rows (0: every row holds its own copy)."""
     e = ELEMENT_BYTES[dtype]
     flops = 2 * rows * s.linear_weights + s.layers * rows * 4 * context * s.heads * s.head_dim
-    kv = s.layers * 2 * s.kv_heads * s.head_dim * context * rows * e
-    return float(flops), float(s.linear_weights * e + kv)
+    return float(flops), float(s.linear_weights * e + kv_bytes(s, rows, context, shared, e))
 
 
 def training_pass(s: Shapes, rows: int, width: int, policy_tokens: int, dtype: str) -> tuple[float, float]:
@@ -88,14 +95,14 @@ def floor(flops: float, nbytes: float, gemm_gflops: float, bandwidth_gbs: float)
             "bound": "memory" if memory_s >= compute_s else "compute", "gflop": flops / 1e9, "gbytes": nbytes / 1e9}
 
 
-def prefill(s: Shapes, rows: int, new: int, context: int, dtype: str) -> tuple[float, float]:
+def prefill(s: Shapes, rows: int, new: int, context: int, dtype: str, shared: int = 0) -> tuple[float, float]:
     """(FLOPs, bytes) of appending `new` tokens to each of `rows` rows that attend to `context` tokens (the new ones
-    included), the LM head at one position a row: the weights read once, the KV cache read once and written."""
+    included; the first `shared` stored once), the LM head at one position a row: the weights read once, the KV
+    cache read once and written."""
     e = ELEMENT_BYTES[dtype]
     flops = 2 * rows * new * s.layers * s.linear_per_layer + s.layers * rows * 4 * new * context * s.heads * s.head_dim
     flops += 2 * rows * s.vocab * s.hidden
-    kv = s.layers * 2 * s.kv_heads * s.head_dim * context * rows * e
-    return float(flops), float(s.linear_weights * e + kv)
+    return float(flops), float(s.linear_weights * e + kv_bytes(s, rows, context, shared, e))
 
 
 class WorkMeter:
@@ -120,9 +127,9 @@ class WorkMeter:
         row["gbytes"] += f["gbytes"]
         row["operations"] += 1
 
-    def sampler_forward(self, rows: int, new: int, context: int) -> None:
-        self.add(*(decode_step(self.shapes, rows, context, self.dtype) if new == 1 else
-                   prefill(self.shapes, rows, new, context, self.dtype)))
+    def sampler_forward(self, rows: int, new: int, context: int, shared: int = 0) -> None:
+        self.add(*(decode_step(self.shapes, rows, context, self.dtype, shared) if new == 1 else
+                   prefill(self.shapes, rows, new, context, self.dtype, shared)))
 
     def scoring_pass(self, rows: int, width: int, policy_tokens: int, shared: int, backward: bool) -> None:
         """A trainer's pass over rows x width tokens whose first `shared` columns every row shares (computed once
