@@ -10,9 +10,9 @@ by side.
 - Floors: each phase (a decode step at each row count, the update's pass, the cold start's cloning step with Adam)
   beside its floor, the larger of its bytes at a same-run read bandwidth and its FLOPs at the same-run GEMM
   (agentrl.model.floors).
-- Memory (measured by agentrl.bench.hf_memory): one update's forward and backward on the same demonstrations with the LM head
-  on policy positions only (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in a fresh
-  process, its peak resident set above the resident set it had before the update.
+- Memory (measured by agentrl.bench.hf_memory): one update's forward and backward on the same demonstrations with
+  the LM head on policy positions only (the backend's `log_probs`) against full [B, T, vocab] logits; each variant in
+  a fresh process, its peak resident set above the resident set it had before the update.
 - The process keeps freed memory as a lab process does (agentrl.labs.allocator): its times are the lab's.
 
 The model is a small random-init Qwen3 made from the seed (speed and memory do not depend on what it has learned),
