@@ -55,6 +55,7 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
 
     def body(ctx):
         from agentrl.core.config import lab_run
+        from agentrl.labs import controls
         from agentrl.labs.allocator import keep_freed_memory
         from agentrl.labs.progress import clear_progress
         from agentrl.labs.recipe import run_lab
@@ -68,7 +69,8 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
                          inst.model_dir, hooks=[share], clock=share.clock, past_gates=past_gates,
                          resume_key=ctx.run.fingerprint,
                          cache=PhaseCache(project_root() / CACHE_DIR, stage_context(ctx.run.record),
-                                          f"{inst.stage} (MLflow run {ctx.run.run_id})"))
+                                          f"{inst.stage} (MLflow run {ctx.run.run_id})"),
+                         after_grpo=controls.after_grpo)
         record["threads"] = ctx.threads
         if record["config"]["model"]:   # the stage's model output names the pretrained directory it loaded
             write_json(inst.model_dir / "model.json", {"model_dir": record["model_dir"], "model": record["model"]})
@@ -77,6 +79,7 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
         numbers, markdown = lab_report(record)
         write_json(inst.report.with_suffix(".json"), numbers)
         write_text(inst.report.with_suffix(".md"), markdown)
+        controls.write(record, inst.report)   # seed<N>.temperatures.json, seed<N>.baselines.json, as the verbs'
         for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
             ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         held = numbers["held_out"]

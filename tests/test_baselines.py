@@ -56,7 +56,7 @@ def test_arms_on_other_tasks_than_the_report_are_refused():
 
 def test_an_unknown_arm_is_one_line_naming_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"^labbaselines --arms: unknown value 'dpo'; allowed: more_cloning, "
-                                          r"rejection_sampling, rejection_sampling_grpo_lr$"):
+                                          r"more_cloning_tokens, rejection_sampling, rejection_sampling_grpo_lr$"):
         baselines.check_arms(["rejection_sampling", "dpo"])
 
 
@@ -124,9 +124,11 @@ def test_both_arms_train_from_the_kept_cold_start_for_grpos_steps(tmp_path, monk
     assert out["more_cloning"]["training"]["steps"] == steps
     rs = out["rejection_sampling"]["training"]
     assert rs["sampled"] == out["budget_episodes"] == 1 * 2 * 2 and rs["passed"] == 2 and rs["steps"] == steps
-    assert len(cloned) == 3 and len(cloned[1]) == 2 and all(t.reward == 1.0 for t in cloned[1])
+    # the report counts GRPO's tokens, so every arm ran: more cloning in steps, in tokens, then rejection sampling
+    assert list(out)[-4:] == list(baselines.ARMS) and out["grpo_policy_tokens"] == baselines.grpo_policy_tokens(numbers)
+    assert len(cloned) == 4 and len(cloned[2]) == 2 and all(t.reward == 1.0 for t in cloned[2])
     # at GRPO's lr: the same sampled episodes cloned (the same stream), only the step size differs
-    assert [t.ids for t in cloned[2]] == [t.ids for t in cloned[1]]
+    assert [t.ids for t in cloned[3]] == [t.ids for t in cloned[2]]
     at_lr = out["rejection_sampling_grpo_lr"]["training"]
     assert (at_lr["lr"], rs["lr"]) == (record["config"]["lr"], record["config"]["clone_lr"]) and at_lr["lr"] != rs["lr"]
     # --arms: one arm run again keeps the others' results of the same budget
@@ -137,3 +139,143 @@ def test_both_arms_train_from_the_kept_cold_start_for_grpos_steps(tmp_path, monk
     assert json.loads(baselines.path_of(inst).read_text())["grpo_optimizer_steps"] == steps
     s = baselines.summary(out, numbers, n_boot=200)
     assert set(s) >= {"more_cloning", "rejection_sampling", "pass", "pass_at_k"}
+
+
+def test_grpos_policy_tokens_are_its_updated_steps_tokens_times_epochs():
+    record = {**RECORD, "training": {"steps_updated": 2, "trained_tokens_per_step": [100, 0, 50]},
+              "rl": {"epochs": 2, "minibatches": 2}}
+    assert baselines.grpo_policy_tokens(record) == 300
+    assert baselines.budget_of(record) == {"grpo_optimizer_steps": 8, "grpo_policy_tokens": 300}
+    assert baselines.grpo_policy_tokens(RECORD) is None   # a report from before they were counted
+    partial = {**record, "training": {"steps_updated": 2, "trained_tokens_per_step": [100, None]}}
+    assert baselines.grpo_policy_tokens(partial) is None
+
+
+def test_token_matched_cloning_is_refused_before_compute_where_the_report_counted_no_tokens():
+    budget = {"grpo_optimizer_steps": 32, "grpo_policy_tokens": None}
+    with pytest.raises(ConfigError, match=r"^LabRun.baselines: more_cloning_tokens needs GRPO's policy tokens, .*; "
+                                          r"allowed for it: more_cloning, rejection_sampling, "
+                                          r"rejection_sampling_grpo_lr$"):
+        baselines.check_arms(["more_cloning", "more_cloning_tokens"], budget, "LabRun.baselines")
+    assert baselines.check_arms(["more_cloning_tokens"], {**budget, "grpo_policy_tokens": 9}) == ["more_cloning_tokens"]
+
+
+def test_the_config_names_the_same_arms_as_the_registry():
+    from agentrl.core.lab_config import BASELINE_ARMS
+    assert BASELINE_ARMS == tuple(baselines.ARMS)
+
+
+def test_the_table_gives_grpos_tokens_beside_the_token_matched_arm():
+    from agentrl.labs.report import interval
+    arms = {**ARMS, "grpo_policy_tokens": 6000,
+            "more_cloning_tokens": {"held_out": {"per_task": counts([1, 1, 2, 4])},
+                                    "training": {"steps": 47, "policy_tokens": 6016}}}
+    s = baselines.summary(arms, RECORD, n_boot=200)
+    assert s["grpo_policy_tokens"] == 6000
+    md = "\n".join(baselines.table(s, interval))
+    assert "| more cloning, as many tokens as GRPO |" in md and "| 47 | 6,016 |" in md
+    assert md.count("| 32 | 6,000 |") == 1   # GRPO's row: its Adam steps and the tokens its updates trained on
+
+
+def test_a_lab_runs_its_controls_after_grpo_and_the_report_and_files_carry_them(tmp_path, monkeypatch):
+    """controls.after_grpo as run_lab calls it, on a stand-in for the model work: the temperature grid reuses the
+    lab's own evaluations at T = 1 and runs the rest; the token-matched arm gets the budget the history holds."""
+    from types import SimpleNamespace
+
+    from agentrl.core.lab_config import LabRun
+    from agentrl.labs import controls, temperatures
+    from agentrl.labs.report import controls_lines
+    run = LabRun(temperatures=[0.5], baselines=["more_cloning_tokens"], eval_per_task=4)
+    seen = {}
+
+    def fake_grid(run_, cfg, seed, device, batch, dirs, grid, log, label, known):
+        seen["grid"], seen["known"] = grid, known
+        out = {"temperatures": grid, "eval_per_task": 4, "seed": seed}
+        for c, base in (("cold_start", "before"), ("final", "after")):
+            out[c] = {"0.5": {"pass_rate": 0.5, "per_task": counts([1, 2, 2, 3])},
+                      "1": {"pass_rate": 0, "per_task": record[base]["per_task"]}}
+        return out
+
+    def fake_arms(arms, run_, cfg, seed, device, batch, cold, budget, log, label):
+        seen["budget"] = budget
+        return {"more_cloning_tokens": {"held_out": {"per_task": counts([1, 1, 2, 4])},
+                                        "training": {"steps": 3, "policy_tokens": budget["grpo_policy_tokens"]}}}
+    monkeypatch.setattr(temperatures, "grid", fake_grid)
+    monkeypatch.setattr(baselines, "run_arms", fake_arms)
+    record = {**RECORD, "seed": 0, "config": {"clone_lr": 3e-3, "lr": 1e-5}}
+    phases = []
+
+    def phase(what, compute):
+        phases.append(what)
+        return compute()
+    history = [{"updated": True, "trained_tokens": 120}, {"updated": False, "trained_tokens": 0}]
+    cfg = SimpleNamespace(epochs=2, minibatches=2)
+    record["controls"] = controls.after_grpo(run, cfg, 0, SimpleNamespace(device="cpu", eval_batch=8), tmp_path,
+                                             {"before": record["before"], "after": record["after"]}, history, phase,
+                                             print)
+    assert phases == ["temperatures", "baselines"] and seen["grid"] == [0.5, 1.0]
+    assert seen["known"]["cold_start"]["1"] is record["before"] and seen["known"]["final"]["1"] is record["after"]
+    assert seen["budget"] == {"grpo_optimizer_steps": 4, "grpo_policy_tokens": 240}
+    assert record["controls"]["baselines"]["budget_episodes"] == run.steps * run.tasks_per_step * run.episodes_per_task
+    md = "\n".join(controls_lines(record))
+    for line in ("## Temperature as a control", "GRPO over the tempered cold start", "## Compute-matched baselines",
+                 "(4 Adam steps, 240 policy tokens", "| more cloning, as many tokens as GRPO |"):
+        assert line in md, line
+    written = controls.write(record, tmp_path / "seed0")
+    assert [p.name for p in written] == ["seed0.temperatures.json", "seed0.baselines.json"]
+    assert json.loads(written[1].read_text())["grpo_policy_tokens"] == 240
+    # no update: no budget, so no baselines (and nothing to write for them)
+    phases.clear()
+    assert controls.after_grpo(LabRun(baselines=["more_cloning"]), cfg, 0, None, tmp_path, {}, [{"updated": False}],
+                               phase, print) == {} and phases == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("qwen3_tokenizer")
+def test_a_lab_runs_its_controls_on_its_own_checkpoints(tmp_path, monkeypatch):
+    """The menu lab on a shortened config asking for a temperature grid and two baselines: both run as phases of the
+    lab on its saved checkpoints; the grid's T = 1 cells are the lab's evaluations, which the saved checkpoints give
+    again on the same streams; the token-matched arm trains within half a cloning step of GRPO's tokens."""
+    from agentrl.core.config import load_section
+    from agentrl.core.lab_config import config_run
+    from agentrl.labs import controls, temperatures
+    from agentrl.labs.recipe import rl_config, run_lab
+    from agentrl.labs.report import lab_report
+    from tests.test_labs import SHORT_LAB
+    monkeypatch.chdir(REPO)   # the tokenizer files under data/tokenizers/qwen3
+    menu = {**SHORT_LAB["configs"]["menu"], "temperatures": [0.5],
+            "baselines": ["more_cloning_tokens", "rejection_sampling"]}
+    params = {"lab": load_section("lab", {"lab": {**SHORT_LAB, "configs": {"menu": menu}}}),
+              "rl": load_section("rl", {"rl": {}}), "run": load_section("run", {"run": {}})}
+
+    def after(run, cfg, seed, lab, out_dir, evaluations, history, phase, log):
+        # a random-init model's groups rarely disagree, so its GRPO seldom updates: the budget is stated here
+        history = [{**row, "updated": True, "trained_tokens": 64} for row in history]
+        return controls.after_grpo(run, cfg, seed, lab, out_dir, evaluations, history, phase, log)
+    run = config_run(params["lab"].configs, "menu")
+    record = run_lab("menu", run, 0, params, tmp_path / "out", tmp_path / "model", log=lambda *_: None,
+                     after_grpo=after)
+    record["threads"] = 2
+    grid, arms = record["controls"]["temperatures"], record["controls"]["baselines"]
+    assert {"temperatures", "baselines"} <= set(record["timings_s"])
+    assert grid["temperatures"] == [0.5, 1.0] and grid["cold_start"]["0.5"]["seconds"] > 0
+    assert grid["cold_start"]["1"]["per_task"] == record["before"]["per_task"]
+    assert grid["final"]["1"]["per_task"] == record["after"]["per_task"]
+    cfg = rl_config(params["rl"], run, 0)
+    again = temperatures.grid(run, cfg, 0, "cpu", 10, {c: tmp_path / "out" / c for c in temperatures.CHECKPOINTS},
+                              [1.0], log=lambda *_: None)   # the saved checkpoints, the same streams: the same counts
+    assert again["cold_start"]["1"]["per_task"] == record["before"]["per_task"]
+    assert again["final"]["1"]["per_task"] == record["after"]["per_task"]
+    budget = 64 * len(record["history"]) * cfg.epochs
+    assert arms["grpo_policy_tokens"] == budget
+    t = arms["more_cloning_tokens"]["training"]
+    per_step = t["policy_tokens"] / t["steps"]
+    assert t["steps"] >= 1 and abs(t["policy_tokens"] - budget) <= max(per_step / 2, per_step - budget) + 1
+    assert arms["rejection_sampling"]["training"]["sampled"] == arms["budget_episodes"]
+    for arm in ("more_cloning_tokens", "rejection_sampling"):
+        assert sum(v["n"] for v in arms[arm]["held_out"]["per_task"].values()) == 10   # 10 tasks x 1 episode
+    numbers, md = lab_report(record)
+    assert "## Temperature as a control" in md and "## Compute-matched baselines" in md
+    assert [p.name for p in controls.write(record, tmp_path / "seed0")] == ["seed0.temperatures.json",
+                                                                            "seed0.baselines.json"]
+    json.dumps(numbers)

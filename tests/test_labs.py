@@ -41,6 +41,14 @@ needs_tokenizer = pytest.mark.usefixtures("qwen3_tokenizer")   # fails (not skip
     ({"configs": {"menu": {"rl": {"p_rename_operands": 1.5}}}}, r"lab.configs.menu.rl.p_rename_operands: expected"),
     ({"configs": {"menu": {"prefix_kv": "twice"}}}, r"lab.configs.menu.prefix_kv: unknown value 'twice'; allowed: "
                                                     r"repeat, once$"),
+    ({"configs": {"menu": {"temperatures": [0.5, 0]}}}, r"lab.configs.menu.temperatures: 0 is not a sampling "
+                                                        r"temperature; allowed: numbers in \(0, 2\]$"),
+    ({"configs": {"menu": {"temperatures": [0.5, 0.5]}}}, r"lab.configs.menu.temperatures: \[0.5, 0.5\] repeats"),
+    ({"configs": {"menu": {"baselines": ["dpo"]}}}, r"lab.configs.menu.baselines: unknown value 'dpo'; allowed: "
+                                                    r"more_cloning, more_cloning_tokens, rejection_sampling, "
+                                                    r"rejection_sampling_grpo_lr$"),
+    ({"configs": {"menu": {"baselines": ["more_cloning", "more_cloning"]}}}, r"lab.configs.menu.baselines: .* "
+                                                                             r"repeats an arm; allowed: each once$"),
 ])
 def test_a_bad_lab_value_is_one_line_naming_it(values, message):
     with pytest.raises(ParamsError, match=message) as err:

@@ -21,6 +21,8 @@ PREFIX_KV = ("repeat", "once")   # the sampler's shared prompt prefix (agentrl.b
 DEMOS = ("expert", "format")
 TASK_SOURCES = ("authored", "humaneval")   # agentrl.env.tasks.TASK_SOURCES (tests keep them equal)
 EVAL_SPLITS = ("heldout", "validation", "test")
+# agentrl.labs.baselines.ARMS (tests keep them equal)
+BASELINE_ARMS = ("more_cloning", "more_cloning_tokens", "rejection_sampling", "rejection_sampling_grpo_lr")
 LAB_NAME = re.compile(r"[A-Za-z0-9_]+")
 # rl keys a lab sets through its own fields (lr, tasks_per_step, episodes_per_task, ...), not through `rl`
 LAB_OWNED_RL_KEYS = ("group_size", "tasks_per_step", "lr", "microbatches", "max_call_tokens", "max_turns", "seed")
@@ -80,9 +82,27 @@ class LabRun(Section):
                              "episodes_per_task (groups of the lab's size); 0: no check", lo=0, hi=1024)
     min_signal: float = knob(0.25, float, "the signal check's gate: the share of its groups whose rewards disagree "
                              "must reach this, else the lab stops before GRPO (0: report only)", lo=0.0, hi=1.0)
+    temperatures: list = knob([], list, "after GRPO, the cold start and GRPO's checkpoint evaluated on the held-out "
+                              "tasks at each of these sampling temperatures (0 < T <= 2; T = 1 is the report's own "
+                              "evaluations), GRPO's gain over the cold start at its best one reported "
+                              "(agentrl.labs.temperatures); empty: none")
+    baselines: list = knob([], list, "after GRPO, compute-matched baselines from the same cold start, each "
+                           "paired with GRPO in the report (agentrl.labs.baselines): " + ", ".join(BASELINE_ARMS)
+                           + "; empty: none")
 
     def check(self):
         rl_overrides(self.rl)
+        for t in self.temperatures:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 2:
+                raise ConfigError(f"LabRun.temperatures: {t!r} is not a sampling temperature; allowed: numbers in "
+                                  "(0, 2]")
+        if len(set(self.temperatures)) != len(self.temperatures):
+            raise ConfigError(f"LabRun.temperatures: {self.temperatures} repeats a temperature; allowed: each once")
+        for arm in self.baselines:
+            if arm not in BASELINE_ARMS:
+                raise ConfigError(f"LabRun.baselines: unknown value {arm!r}; allowed: {', '.join(BASELINE_ARMS)}")
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ConfigError(f"LabRun.baselines: {self.baselines} repeats an arm; allowed: each once")
         if self.dtype == "bf16" and self.numerics == "portable":
             raise ConfigError("LabRun.dtype: bf16 needs numerics: native (portable numerics cap oneDNN at AVX2, "
                               "where bf16 products are emulated, slower than fp32); allowed with portable: fp32")

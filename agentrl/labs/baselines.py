@@ -3,10 +3,14 @@
 `python -m agentrl labbaselines --lab NAME --seed N` starts each arm from the lab's kept cold start
 (data/labs/<lab>/seed<N>/cold_start), trains it for as many Adam steps as GRPO took (its updated steps x rl.epochs x
 rl.minibatches, read from the lab's report), and evaluates it on the held-out tasks on an evaluation stream of its own
-(the lab's episodes per task, temperature 1). It writes the recipe's seed<N>.baselines.json beside the report.
+(the lab's episodes per task, temperature 1). It writes the recipe's seed<N>.baselines.json beside the report. A lab
+whose config lists `baselines` runs them itself after GRPO (agentrl.labs.recipe) and writes the same file.
 
     more_cloning        the cold start's cloning, continued: the same expert conversations (drawn again from the
                         lab's cold-start stream), lab.clone_lr, lab.clone_batch
+    more_cloning_tokens the same, for as many steps as make its policy tokens trained equal GRPO's (the policy tokens
+                        of every updated step's episodes x rl.epochs, read from the report's
+                        training.trained_tokens_per_step): matched in tokens where more_cloning is in steps
     rejection_sampling  GRPO's episode budget (steps x tasks_per_step x episodes_per_task) sampled from the cold start
                         at temperature 1, tasks drawn as GRPO draws them; the episodes that passed their hidden tests
                         cloned at lab.clone_lr, lab.clone_batch (expert iteration, STaR, RAFT)
@@ -44,33 +48,54 @@ def grpo_optimizer_steps(record: dict) -> int:
     return record["training"]["steps_updated"] * record["rl"]["epochs"] * record["rl"]["minibatches"]
 
 
-def policy_tokens(trajs: list) -> int:
-    from agentrl.rl.rollout import OWNER
-    return sum(o == OWNER["policy"] for t in trajs for o in t.owner)
+def grpo_policy_tokens(record: dict) -> int | None:
+    """The policy tokens GRPO's updates trained on in a lab's record (each pass of rl.epochs counted), or None for a
+    report from before they were counted."""
+    per_step = record["training"].get("trained_tokens_per_step")
+    if not per_step or any(t is None for t in per_step):
+        return None
+    return sum(per_step) * record["rl"]["epochs"]
 
 
-def more_cloning(model, run, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
-    """The cold start cloned on for `steps` more Adam steps on its own demonstrations."""
+def budget_of(record: dict) -> dict:
+    """What GRPO spent in a lab's record: Adam steps, policy tokens trained (None where not counted), episodes."""
+    return {"grpo_optimizer_steps": grpo_optimizer_steps(record), "grpo_policy_tokens": grpo_policy_tokens(record)}
+
+
+def more_cloning(model, run, seed: int, chat, tasks: list, env_factory, budget: dict,
+                 match: str = "steps") -> dict:
+    """The cold start cloned on its own demonstrations for GRPO's Adam steps (match="steps") or for as many steps as
+    make its policy tokens GRPO's (match="tokens")."""
     from agentrl.core.seeding import generator
     from agentrl.labs.recipe import demonstrations
+    from agentrl.labs.signal import policy_tokens
     from agentrl.starting.chat import clone
     demos = demonstrations(run, tasks, chat, env_factory, generator(seed, "lab", "cold_start"))
+    per_step = policy_tokens(demos) / len(demos) * run.clone_batch
+    steps = budget["grpo_optimizer_steps"] if match == "steps" else \
+        max(1, round(budget["grpo_policy_tokens"] / per_step))
     losses = clone(model, demos, chat, steps, run.clone_lr, run.clone_batch,
-                   generator(seed, "lab", "baseline", "more_cloning"))
-    per_demo = policy_tokens(demos) / len(demos)
-    return {"steps": steps, "examples": len(demos), "policy_tokens": round(per_demo * run.clone_batch * steps),
+                   generator(seed, "lab", "baseline", "more_cloning" if match == "steps" else "more_cloning_tokens"))
+    return {"steps": steps, "examples": len(demos), "policy_tokens": round(per_step * steps),
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int,
+def more_cloning_tokens(model, run, cfg, seed: int, chat, tasks: list, env_factory, budget: dict) -> dict:
+    """more_cloning, matched to GRPO's policy tokens instead of its steps."""
+    return more_cloning(model, run, seed, chat, tasks, env_factory, budget, match="tokens")
+
+
+def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factory, budget: dict,
                        lr: float | None = None) -> dict:
-    """GRPO's episode budget sampled from the cold start, the passing episodes cloned for `steps` Adam steps at `lr`
+    """GRPO's episode budget sampled from the cold start, the passing episodes cloned for GRPO's Adam steps at `lr`
     (the cold start's clone_lr unless given)."""
     import torch
 
     from agentrl.core.seeding import generator
+    from agentrl.labs.signal import policy_tokens
     from agentrl.rl.rollout import draw_tasks, sample_groups
     from agentrl.starting.chat import clone
+    steps = budget["grpo_optimizer_steps"]
     g = generator(seed, "lab", "baseline", "rejection_sampling")
     model.eval()
     episodes = []
@@ -88,32 +113,65 @@ def rejection_sampling(model, run, cfg, seed: int, chat, tasks: list, env_factor
     return out
 
 
-def rejection_sampling_grpo_lr(model, run, cfg, seed: int, chat, tasks: list, env_factory, steps: int) -> dict:
+def rejection_sampling_grpo_lr(model, run, cfg, seed: int, chat, tasks: list, env_factory, budget: dict) -> dict:
     """rejection_sampling's episodes and batches, cloned at GRPO's learning rate."""
-    return rejection_sampling(model, run, cfg, seed, chat, tasks, env_factory, steps, lr=run.lr)
+    return rejection_sampling(model, run, cfg, seed, chat, tasks, env_factory, budget, lr=run.lr)
 
 
-# arm -> (model, run, cfg, seed, chat, train tasks, env factory, Adam steps) -> its training record
+# arm -> (model, run, cfg, seed, chat, train tasks, env factory, budget_of(record)) -> its training record
 ARMS = {"more_cloning": lambda model, run, cfg, *rest: more_cloning(model, run, *rest),
+        "more_cloning_tokens": more_cloning_tokens,
         "rejection_sampling": rejection_sampling,
         "rejection_sampling_grpo_lr": rejection_sampling_grpo_lr}
 
 
-def check_arms(names) -> list[str]:
+def check_arms(names, budget: dict | None = None, where: str = "labbaselines --arms") -> list[str]:
+    """`names` if each is an arm and the budget (where given) holds what each matches, else one line naming why."""
     unknown = [a for a in names if a not in ARMS]
     if unknown:
-        raise ConfigError(f"labbaselines --arms: unknown value {unknown[0]!r}; allowed: {', '.join(ARMS)}")
+        raise ConfigError(f"{where}: unknown value {unknown[0]!r}; allowed: {', '.join(ARMS)}")
+    if budget is not None and "more_cloning_tokens" in names and budget.get("grpo_policy_tokens") is None:
+        raise ConfigError(f"{where}: more_cloning_tokens needs GRPO's policy tokens, which this lab's report does not "
+                          "record (a report from before they were counted: run the lab again); allowed for it: "
+                          f"{', '.join(a for a in ARMS if a != 'more_cloning_tokens')}")
     return list(names)
 
 
+def run_arms(arms, run, cfg, seed: int, device: str, eval_batch: int, cold, budget: dict, log=print,
+             label: str = "labbaselines") -> dict:
+    """{arm: {training, held_out, seconds}}: each arm of `arms` trained from the cold start saved at `cold` within
+    `budget` (budget_of) and evaluated on the held-out tasks on a stream of its own. The caller sets torch's default
+    device."""
+    from agentrl.labs.recipe import env_factory_for, held_out, lab_tasks, load_policy
+    train_tasks, heldout = lab_tasks(run, "train"), lab_tasks(run, "heldout")
+    env_factory, eval_factory = env_factory_for(run), env_factory_for(run, evaluation=True)
+    out = {}
+    for arm in arms:
+        t0 = time.time()
+        model, chat, _ = load_policy(replace(run, model=str(cold)), seed, cold, device)
+        training = ARMS[arm](model, run, cfg, seed, chat, train_tasks, env_factory, budget)
+        trained = time.time() - t0
+        result = held_out(model, heldout, chat, run, cfg, eval_factory, seed, arm, eval_batch)
+        out[arm] = {"training": training, "held_out": result,
+                    "seconds": {"train": round(trained, 1), "eval": round(time.time() - t0 - trained, 1)}}
+        log(f"{label} seed {seed}: {arm}: {result['pass_rate']:.3f} held-out ({training['steps']} Adam steps, "
+            f"{time.time() - t0:.0f} s)")
+    return out
+
+
+def budget_record(run, seed: int, budget: dict) -> dict:
+    """The head of a seed<N>.baselines.json: what the arms were matched to."""
+    return {"seed": seed, **budget, "eval_per_task": run.eval_per_task,
+            "budget_episodes": run.steps * run.tasks_per_step * run.episodes_per_task}
+
+
 def train_arms(params: dict, inst, log=print, arms=None) -> dict:
-    """{arm: {training, held_out, seconds}} for each arm of `arms` (default: every arm of ARMS), written to
-    path_of(inst) beside the arms an earlier run of the same budget kept there."""
-    arms = check_arms(ARMS if arms is None else arms)
+    """{arm: {training, held_out, seconds}} for each arm of `arms` (default: every arm of ARMS the report's budget
+    allows), written to path_of(inst) beside the arms an earlier run of the same budget kept there."""
     import torch
 
     from agentrl.core.config import lab_run
-    from agentrl.labs.recipe import env_factory_for, held_out, lab_tasks, load_policy, rl_config
+    from agentrl.labs.recipe import rl_config
     run, seed, lab = lab_run(inst.name, inst.spec), inst.seed, params["lab"]
     cold = inst.work_dir / "cold_start"
     how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
@@ -123,27 +181,19 @@ def train_arms(params: dict, inst, log=print, arms=None) -> dict:
     record = json.loads(report_of(inst).read_text())
     if not record.get("training", {}).get("steps_updated"):
         raise ConfigError(f"labbaselines: {report_of(inst)} records no GRPO update, so there is no budget to match")
-    steps, cfg = grpo_optimizer_steps(record), rl_config(params["rl"], run, seed)
-    train_tasks, heldout = lab_tasks(run, "train"), lab_tasks(run, "heldout")
-    env_factory, eval_factory = env_factory_for(run), env_factory_for(run, evaluation=True)
-    out: dict = {"seed": seed, "grpo_optimizer_steps": steps, "eval_per_task": run.eval_per_task,
-                 "budget_episodes": run.steps * run.tasks_per_step * run.episodes_per_task}
+    budget = budget_of(record)
+    if arms is None:
+        arms = [a for a in ARMS if a != "more_cloning_tokens" or budget["grpo_policy_tokens"] is not None]
+    arms = check_arms(arms, budget)
+    out = budget_record(run, seed, budget)
     kept = load(inst)
     if kept is not None and all(kept.get(k) == out[k] for k in out):   # the same budget: its other arms stay
         out = {**kept, **out}
     previous = torch.get_default_device()
     torch.set_default_device(lab.device)
     try:
-        for arm in arms:
-            t0 = time.time()
-            model, chat, _ = load_policy(replace(run, model=str(cold)), seed, cold, lab.device)
-            training = ARMS[arm](model, run, cfg, seed, chat, train_tasks, env_factory, steps)
-            trained = time.time() - t0
-            result = held_out(model, heldout, chat, run, cfg, eval_factory, seed, arm, lab.eval_batch)
-            out[arm] = {"training": training, "held_out": result,
-                        "seconds": {"train": round(trained, 1), "eval": round(time.time() - t0 - trained, 1)}}
-            log(f"labbaselines {inst.name} seed {seed}: {arm}: {result['pass_rate']:.3f} held-out "
-                f"({training['steps']} Adam steps, {time.time() - t0:.0f} s)")
+        out.update(run_arms(arms, run, rl_config(params["rl"], run, seed), seed, lab.device, lab.eval_batch, cold,
+                            budget, log, f"labbaselines {inst.name}"))
     finally:
         torch.set_default_device(previous)
     write_json(path_of(inst), out)
@@ -165,6 +215,7 @@ def summary(arms: dict, record: dict, n_boot: int = 10_000) -> dict:
     def diff(a, b):
         return dict(zip(("mean", "lo", "hi"), paired_bootstrap_diff(rates(a), rates(b), n_boot, seed=seed)))
     out = {"tasks": len(counts["before"]), "grpo_optimizer_steps": arms["grpo_optimizer_steps"],
+           "grpo_policy_tokens": arms.get("grpo_policy_tokens"),
            "pass": {col: ci(rates(c)) for col, c in counts.items()},
            "pass_at_k": {col: passk.stats({col: c}, seed, n_boot) for col, c in counts.items()}}
     for arm in ARMS:
@@ -174,7 +225,8 @@ def summary(arms: dict, record: dict, n_boot: int = 10_000) -> dict:
     return out
 
 
-LABELS = {"before": "the cold start", "more_cloning": "more cloning", "rejection_sampling": "rejection sampling",
+LABELS = {"before": "the cold start", "more_cloning": "more cloning",
+          "more_cloning_tokens": "more cloning, as many tokens as GRPO", "rejection_sampling": "rejection sampling",
           "rejection_sampling_grpo_lr": "rejection sampling at GRPO's lr", "after": "GRPO"}
 
 
@@ -186,7 +238,8 @@ def table(s: dict, interval) -> list[str]:
            "|---|" + "---|" * (len(ks) + 2)]
     for col in cols:
         steps = {"before": "", "after": str(s["grpo_optimizer_steps"])}.get(col)
-        tokens = "" if col in ("before", "after") else f"{s[col]['training']['policy_tokens']:,}"
+        tokens = "" if col == "before" else f"{s[col]['training']['policy_tokens']:,}" if col != "after" else \
+            f"{s['grpo_policy_tokens']:,}" if s.get("grpo_policy_tokens") is not None else ""
         if steps is None:
             steps = str(s[col]["training"]["steps"])
         out.append(f"| {LABELS[col]} | " + " | ".join(interval(s["pass_at_k"][col][k][col]) for k in ks)

@@ -234,7 +234,8 @@ def unwrap(kept: dict, reused: dict, what: str) -> dict:
     return kept["result"]
 
 
-PHASES = ["eval_pretrained", "cold_start", "signal_check", "preflight", "eval_before", "grpo", "eval_after"]
+PHASES = ["eval_pretrained", "cold_start", "signal_check", "preflight", "eval_before", "grpo", "eval_after",
+          "temperatures", "baselines"]
 
 
 def progress_key(resume_key: str, digest: str) -> str:
@@ -267,14 +268,15 @@ def cold_start_inputs(run, seed: int, weights: str, chat, tasks: list, device: s
 
 
 def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_dir: Path, log=print, hooks=(),
-            clock=None, past_gates: bool = False, resume_key: str | None = None, cache=None) -> dict:
+            clock=None, past_gates: bool = False, resume_key: str | None = None, cache=None, after_grpo=None) -> dict:
     """The lab `name` (its LabRun `run`) at `seed` -> the report's record; writes checkpoints under out_dir and, when
     its model is null, the small Qwen3 to small_model_dir. A failed preflight check or too little signal stops it
     before GRPO (the record says why, under `stopped`) unless past_gates. With a resume_key (the stage's fingerprint)
     every finished phase and GRPO step is kept under out_dir/progress and a lab killed part-way goes on from there
     (agentrl.labs.progress). With a cache (agentrl.labs.phase_cache.PhaseCache) the pretrained model's evaluation
     and the cold start are reused where an earlier lab computed them from the same inputs; the record's `reused`
-    says which, and from where."""
+    says which, and from where. after_grpo(run, cfg, seed, lab, out_dir, evaluations, history, phase, log) -> the
+    record's `controls`, run once GRPO's checkpoint is evaluated (agentrl.labs.controls.after_grpo)."""
     lab, rl = params["lab"], params["rl"]
     environment(run.environment)   # an unknown environment: one line, before anything is made
     check_device(lab.device)
@@ -287,6 +289,7 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
     previous_device = torch.get_default_device()
     torch.set_default_device(lab.device)   # every tensor the rollout, trainer and evaluation create
     history, changed, stopped, signal, reused, phase_floors, meter = [], False, None, {}, {}, {}, None
+    controls = {}
     try:
         t0 = time.time()
         model, chat, model_dir = load_policy(run, seed, small_model_dir, lab.device)
@@ -318,7 +321,9 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             return {"result": result, "reused": came_from}
         kept_grpo = progress.grpo_checkpoint()
         left = progress.first_phase_left([p for p in PHASES if (p != "eval_pretrained" or run.model)
-                                          and (p != "signal_check" or run.signal_tasks)])
+                                          and (p != "signal_check" or run.signal_tasks)
+                                          and (p != "temperatures" or run.temperatures)
+                                          and (p != "baselines" or run.baselines)])
         progress.begin("the start" if not progress.state["phases"] else
                        f"GRPO step {kept_grpo[1]['step']}" if left == "grpo" and kept_grpo else left or "the record")
         train_tasks, heldout = lab_tasks(run, "train"), lab_tasks(run, "heldout")
@@ -393,6 +398,8 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             timings["grpo"] = round(timings["grpo"] + trained["seconds_before"], 1)
             evaluations["after"] = phase("eval_after", lambda: held_out(
                 model, heldout, chat, run, cfg, eval_factory, seed, "after", lab.eval_batch))
+            if after_grpo is not None:   # the controls the config asks for (agentrl.labs.controls)
+                controls = after_grpo(run, cfg, seed, lab, out_dir, evaluations, history, phase, log)
     finally:
         torch.set_default_device(previous_device)
     wall_s, cpu_s = progress.elapsed()
@@ -408,7 +415,7 @@ def run_lab(name: str, run, seed: int, params: dict, out_dir: Path, small_model_
             "seed": seed, "rl": {k: v for k, v in vars(cfg).items() if not k.startswith("_")},
             "cold_start": cold,
             "signal": signal, "preflight": gate, "stopped": stopped, **evaluations, "history": history,
-            "weights_changed": changed, "timings_s": timings, "reused": reused,
+            "weights_changed": changed, "timings_s": timings, "reused": reused, "controls": controls,
             "floors": meter and {"bandwidth_gbs": round(meter.bandwidth_gbs, 2),
                                  "gemm_gflops": round(meter.gemm_gflops, 1), "dtype": meter.dtype,
                                  "phases": phase_floors}, "wall_s": round(wall_s, 1),

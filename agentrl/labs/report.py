@@ -93,7 +93,8 @@ def training_stats(history: list) -> dict:
             "sampler_trainer_gap_max": max((row.get("logp_gap_max", 0.0) for row in history), default=None),
             "train_pass_rate": _mean(history, "pass_rate"), "malformed": _mean(history, "malformed"),
             "malformed_per_step": [row.get("malformed") for row in history],
-            "pass_per_step": [row.get("pass_rate") for row in history]}
+            "pass_per_step": [row.get("pass_rate") for row in history],
+            "trained_tokens_per_step": [row.get("trained_tokens") for row in history]}
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -278,6 +279,30 @@ def cost_lines(record: dict) -> list[str]:
     return out
 
 
+def controls_lines(record: dict) -> list[str]:
+    """The controls the lab ran after GRPO (agentrl.labs.controls), each table as `study labs` shows it."""
+    controls, seed, out = record.get("controls") or {}, record["seed"], []
+    if controls.get("temperatures"):
+        from agentrl.labs import temperatures
+        grid = controls["temperatures"]
+        s = temperatures.summary(grid, seed)
+        out += ["## Temperature as a control", "", f"Held-out pass of the cold start and GRPO's checkpoint at each "
+                f"sampling temperature ({s['tasks']} tasks x {grid['eval_per_task']} episodes, each cell its own "
+                "stream; at 1, the evaluations above):", "", *temperatures.table(s, interval), ""]
+    if controls.get("baselines"):
+        from agentrl.labs import baselines
+        arms = controls["baselines"]
+        s = baselines.summary(arms, record)
+        tokens = f", {arms['grpo_policy_tokens']:,} policy tokens" if arms.get("grpo_policy_tokens") else ""
+        out += ["## Compute-matched baselines", "", f"Each arm from the same cold start within GRPO's budget "
+                f"({s['grpo_optimizer_steps']} Adam steps{tokens}, {arms['budget_episodes']} episodes sampled), at "
+                f"the cold start's learning rate {record['config']['clone_lr']:g} unless named (GRPO's: "
+                f"{record['config']['lr']:g}); held-out pass@k over {s['tasks']} tasks x {arms['eval_per_task']} "
+                "episodes, each arm on its own stream (agentrl.labs.baselines):", "", *baselines.table(s, interval),
+                ""]
+    return out
+
+
 def prefix_text(record: dict) -> str:
     """The sampler's shared prompt prefix, named where it is not the committed seeds' `repeat` (LabRun.prefix_kv)."""
     mode = record["config"].get("prefix_kv", "repeat")
@@ -408,7 +433,8 @@ def lab_report(record: dict) -> tuple[dict, str]:
           f"temperature {rl.get('temperature', '?')}, {kl_penalty_text(rl)}KL bound {record['config'].get('max_kl')}.",
           "",
           "## Held-out pass (hidden tests)", "", *held_out_lines(record, held, training), "",
-          *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), ""]
+          *behaviour_table(record, GYM_BEHAVIOUR if env == "gym" else CODING_BEHAVIOUR), "",
+          *controls_lines(record)]
     if env == "coding":
         md += [*coding_tables(record), "",
                "A final answer 'claims success' by a word heuristic (agentrl.env.coding.environment.claims_success).",

@@ -70,7 +70,9 @@ def signal_check(model, chat, tasks: list, n_tasks: int, cfg, env_factory, seed:
 
 class StepSignal(Hook):
     """Adds to each GRPO step's row: the decision entropy of its sampled episodes, the share of groups that
-    disagree, per-family passes, and whether the step changed a weight (`updated`)."""
+    disagree, per-family passes, whether the step changed a weight (`updated`) and the policy tokens its update
+    trained on (`trained_tokens`: those of every sampled episode when it updated, else 0; each passes rl.epochs
+    times), the budget a token-matched baseline clones (agentrl.labs.baselines)."""
 
     def on_row(self, step: int, state, row: dict) -> None:
         trajs = state.sampled or []
@@ -80,3 +82,10 @@ class StepSignal(Hook):
         row["informative_share"] = informative_share(trajs)
         row["per_family"] = per_family(trajs)
         row["updated"] = bool(state.update)
+        row["trained_tokens"] = policy_tokens(trajs) if state.update else 0
+
+
+def policy_tokens(trajs: list) -> int:
+    """The tokens the policy wrote in `trajs` (the ones a loss is taken on)."""
+    from agentrl.rl.rollout import OWNER
+    return sum(o == OWNER["policy"] for t in trajs for o in t.owner)

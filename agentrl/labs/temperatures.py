@@ -41,9 +41,7 @@ def evaluate_grid(params: dict, inst, temperatures, log=print) -> dict:
     import torch
 
     from agentrl.core.config import lab_run
-    from agentrl.core.seeding import generator
-    from agentrl.eval.evaluation import evaluate
-    from agentrl.labs.recipe import env_factory_for, lab_tasks, load_policy, rl_config
+    from agentrl.labs.recipe import rl_config
     run, seed, lab = lab_run(inst.name, inst.spec), inst.seed, params["lab"]
     dirs = {c: inst.work_dir / c for c in CHECKPOINTS}
     missing = [str(d) for d in dirs.values() if not (d / "config.json").is_file()]
@@ -51,29 +49,47 @@ def evaluate_grid(params: dict, inst, temperatures, log=print) -> dict:
         how = f"--config {inst.config_file}" if inst.explored else f"--lab {inst.name}"
         raise ConfigError(f"labtemps: {', '.join(missing)} not found (run the lab first: python -m stages.lab {how} "
                           f"--seed {seed})")
-    cfg, heldout = rl_config(params["rl"], run, seed), lab_tasks(run, "heldout")
-    factory = env_factory_for(run, evaluation=True)
-    out: dict = {"temperatures": list(temperatures), "eval_per_task": run.eval_per_task, "seed": seed,
-                 "tasks": run.tasks, "eval_tasks": run.eval_tasks, "eval_split": run.eval_split}
     previous = torch.get_default_device()
     torch.set_default_device(lab.device)
     try:
-        for checkpoint, directory in dirs.items():
-            model, chat, _ = load_policy(replace(run, model=str(directory)), seed, directory, lab.device)
-            model.eval()
-            out[checkpoint] = {}
-            for t in temperatures:
-                t0 = time.time()
-                res = evaluate(model, heldout, chat, run.eval_per_task, float(t),
-                               generator(seed, "lab", "eval", stream_label(checkpoint, t)), cfg, env=factory,
-                               batch_episodes=lab.eval_batch)
-                out[checkpoint][f"{t:g}"] = {"pass_rate": res["pass_rate"], "per_task": res["per_task"],
-                                            "seconds": round(time.time() - t0, 1)}
-                log(f"labtemps {inst.name} seed {seed}: {checkpoint} at T={t:g}: {res['pass_rate']:.3f} "
-                    f"({time.time() - t0:.0f} s)")
+        out = grid(run, rl_config(params["rl"], run, seed), seed, lab.device, lab.eval_batch, dirs, temperatures, log,
+                   f"labtemps {inst.name}")
     finally:
         torch.set_default_device(previous)
     write_json(path_of(inst), out)
+    return out
+
+
+def grid(run, cfg, seed: int, device: str, eval_batch: int, dirs: dict, temperatures, log=print,
+         label: str = "labtemps", known: dict | None = None) -> dict:
+    """evaluate_grid's record for the checkpoints saved at dirs[checkpoint]; a cell known[checkpoint][T] (an
+    evaluation the lab already ran on that checkpoint's stream) is taken as it is, not run again. The caller sets
+    torch's default device."""
+    from agentrl.core.seeding import generator
+    from agentrl.eval.evaluation import evaluate
+    from agentrl.labs.recipe import env_factory_for, lab_tasks, load_policy
+    heldout, factory, known = lab_tasks(run, "heldout"), env_factory_for(run, evaluation=True), known or {}
+    out: dict = {"temperatures": list(temperatures), "eval_per_task": run.eval_per_task, "seed": seed,
+                 "tasks": run.tasks, "eval_tasks": run.eval_tasks, "eval_split": run.eval_split}
+    for checkpoint, directory in dirs.items():
+        out[checkpoint] = {}
+        model = None
+        for t in temperatures:
+            if f"{t:g}" in known.get(checkpoint, {}):
+                res = known[checkpoint][f"{t:g}"]
+                out[checkpoint][f"{t:g}"] = {"pass_rate": res["pass_rate"], "per_task": res["per_task"],
+                                            "seconds": 0.0, "reused": f"the lab's {stream_label(checkpoint, t)}"}
+                continue
+            if model is None:
+                model, chat, _ = load_policy(replace(run, model=str(directory)), seed, directory, device)
+                model.eval()
+            t0 = time.time()
+            res = evaluate(model, heldout, chat, run.eval_per_task, float(t),
+                           generator(seed, "lab", "eval", stream_label(checkpoint, t)), cfg, env=factory,
+                           batch_episodes=eval_batch)
+            out[checkpoint][f"{t:g}"] = {"pass_rate": res["pass_rate"], "per_task": res["per_task"],
+                                        "seconds": round(time.time() - t0, 1)}
+            log(f"{label} seed {seed}: {checkpoint} at T={t:g}: {res['pass_rate']:.3f} ({time.time() - t0:.0f} s)")
     return out
 
 
