@@ -79,7 +79,6 @@ def main(name: str | None = None, seed: int | None = None, config: str | None = 
         numbers, markdown = lab_report(record)
         write_json(inst.report.with_suffix(".json"), numbers)
         write_text(inst.report.with_suffix(".md"), markdown)
-        controls.write(record, inst.report)   # seed<N>.temperatures.json, seed<N>.baselines.json, as the verbs'
         for step, row in enumerate(record["history"], 1):   # the GRPO dashboard, one row per step
             ctx.run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         held = numbers["held_out"]

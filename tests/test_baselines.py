@@ -221,9 +221,18 @@ def test_a_lab_runs_its_controls_after_grpo_and_the_report_and_files_carry_them(
     for line in ("## Temperature as a control", "GRPO over the tempered cold start", "## Compute-matched baselines",
                  "(4 Adam steps, 240 policy tokens", "| more cloning, as many tokens as GRPO |"):
         assert line in md, line
-    written = controls.write(record, tmp_path / "seed0")
-    assert [p.name for p in written] == ["seed0.temperatures.json", "seed0.baselines.json"]
-    assert json.loads(written[1].read_text())["grpo_policy_tokens"] == 240
+    # kept in the report's JSON, study labs reads them there as it reads the verbs' files
+    from agentrl.studies.labs import baseline_tables, temperature_tables
+    (tmp_path / "labs" / "menu").mkdir(parents=True)
+    (tmp_path / "labs" / "menu" / "seed0.json").write_text(json.dumps(record))
+    matched, md = baseline_tables(tmp_path / "labs")
+    assert list(matched) == ["menu/seed0"] and matched["menu/seed0"]["grpo_policy_tokens"] == 240
+    tempered, _ = temperature_tables(tmp_path / "labs")
+    assert tempered["menu/seed0"]["best"] == "0.5"   # 8 passes at 0.5 against record["before"]'s 7 at 1
+    # a verb's file run later wins over the lab's own record
+    (tmp_path / "labs" / "menu" / "seed0.baselines.json").write_text(json.dumps(
+        {**record["controls"]["baselines"], "grpo_policy_tokens": 999}))
+    assert baseline_tables(tmp_path / "labs")[0]["menu/seed0"]["grpo_policy_tokens"] == 999
     # no update: no budget, so no baselines (and nothing to write for them)
     phases.clear()
     assert controls.after_grpo(LabRun(baselines=["more_cloning"]), cfg, 0, None, tmp_path, {}, [{"updated": False}],
@@ -261,6 +270,7 @@ def test_a_lab_runs_its_controls_on_its_own_checkpoints(tmp_path, monkeypatch):
     assert grid["temperatures"] == [0.5, 1.0] and grid["cold_start"]["0.5"]["seconds"] > 0
     assert grid["cold_start"]["1"]["per_task"] == record["before"]["per_task"]
     assert grid["final"]["1"]["per_task"] == record["after"]["per_task"]
+    assert grid["final"]["1"]["reused"] == "the lab's after" and grid["final"]["1"]["seconds"] == 0.0   # not rerun
     cfg = rl_config(params["rl"], run, 0)
     again = temperatures.grid(run, cfg, 0, "cpu", 10, {c: tmp_path / "out" / c for c in temperatures.CHECKPOINTS},
                               [1.0], log=lambda *_: None)   # the saved checkpoints, the same streams: the same counts
@@ -276,6 +286,5 @@ def test_a_lab_runs_its_controls_on_its_own_checkpoints(tmp_path, monkeypatch):
         assert sum(v["n"] for v in arms[arm]["held_out"]["per_task"].values()) == 10   # 10 tasks x 1 episode
     numbers, md = lab_report(record)
     assert "## Temperature as a control" in md and "## Compute-matched baselines" in md
-    assert [p.name for p in controls.write(record, tmp_path / "seed0")] == ["seed0.temperatures.json",
-                                                                            "seed0.baselines.json"]
+    assert numbers["controls"] == json.loads(json.dumps(record["controls"]))   # kept in the report's JSON
     json.dumps(numbers)

@@ -140,3 +140,30 @@ def test_a_lab_device_this_machine_lacks_is_refused_before_any_run_exists(lab_pr
     experiment = client.get_experiment_by_name("agentrl")
     assert experiment is None or client.search_runs([experiment.experiment_id]) == []
     assert not (lab_project / "reports" / "provenance").exists()
+
+
+def test_the_stage_runs_the_controls_its_config_asks_for_and_keeps_them_in_the_report(lab_project, monkeypatch,
+                                                                                      capsys):
+    """The stage hands run_lab the controls (agentrl.labs.controls.after_grpo) and the config's temperatures and
+    baselines; what they return stays in the report's JSON, the stage's declared output."""
+    from agentrl.core.boundary import guard
+    from agentrl.labs import controls
+    from stages import lab
+    params = yaml.safe_load((lab_project / "params.yaml").read_text())
+    params["lab"]["configs"]["x"].update(temperatures=[0.5], baselines=["more_cloning_tokens"])
+    (lab_project / "params.yaml").write_text(yaml.safe_dump(params))
+    seen = {}
+
+    def run_lab(name, run, seed, params, out, model_dir, **kwargs):
+        seen.update(after=kwargs["after_grpo"], temperatures=run.temperatures, baselines=run.baselines)
+        return {"config": {"model": None, "environment": "gym"}, "history": [], "wall_s": 1.0, "cpu_s": 1.0,
+                "peak_memory_mib": 1.0, "stopped": None, "controls": {"temperatures": {"seed": 3}}}
+    monkeypatch.setattr("agentrl.labs.recipe.run_lab", run_lab)
+    monkeypatch.setattr("agentrl.labs.report.lab_report", lambda rec: (
+        {"controls": rec["controls"], "held_out": {"before": {"mean": 0.5}, "after": {"mean": 0.5},
+                                                   "gain": {"mean": 0.0, "lo": -0.1, "hi": 0.1}}}, "# Lab `x`\n"))
+    assert guard("lab", lab.main, "x", 3, None, False) == 0, capsys.readouterr().err
+    assert seen == {"after": controls.after_grpo, "temperatures": [0.5], "baselines": ["more_cloning_tokens"]}
+    assert json.loads((lab_project / "reports/labs/x/seed3.json").read_text())["controls"] == \
+        {"temperatures": {"seed": 3}}
+    assert sorted(p.name for p in (lab_project / "reports/labs/x").iterdir()) == ["seed3.json", "seed3.md"]

@@ -6,13 +6,12 @@ reward's, or what a cooler sampler or more training from the same cold start giv
     baselines     the config's arms, each from the kept cold start within GRPO's budget (Adam steps, or policy tokens
                   for more_cloning_tokens), evaluated on streams of their own: agentrl.labs.baselines
 
-Each is a phase of the lab (kept for a rerun after a kill, timed against its floor) and its record is the one
-`labtemps` and `labbaselines` write, so the lab stage writes seed<N>.temperatures.json and seed<N>.baselines.json
-beside the report and `study labs` pools them like the verbs' files.
+Each is a phase of the lab (kept for a rerun after a kill, timed against its floor). Its record, the one `labtemps`
+and `labbaselines` write to files of their own, is kept under `controls` in the lab's report JSON (the stage's
+declared output), where `study labs` reads it as it reads the verbs' files.
 """
 from __future__ import annotations
 
-from agentrl.core.artifacts import write_json
 from agentrl.labs import baselines, temperatures
 
 
@@ -35,14 +34,3 @@ def after_grpo(run, cfg, seed: int, lab, out_dir, evaluations: dict, history: li
             **baselines.run_arms(run.baselines, run, cfg, seed, lab.device, lab.eval_batch, out_dir / "cold_start",
                                  budget, log, "lab baselines")})
     return out
-
-
-def write(record: dict, report) -> list:
-    """The controls' records beside the report (report: its path without suffix), as the verbs write them."""
-    written = []
-    for what in ("temperatures", "baselines"):
-        if (record.get("controls") or {}).get(what):
-            path = report.with_suffix(f".{what}.json")
-            write_json(path, record["controls"][what])
-            written.append(path)
-    return written

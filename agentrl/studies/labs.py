@@ -44,6 +44,21 @@ def task_sources(recipe: str, params_path: Path = Path("params.yaml")) -> tuple[
     return spec.get("tasks", "authored"), spec.get("eval_tasks", "authored"), spec.get("eval_split", "heldout")
 
 
+def control_files(directory: Path, what: str) -> list[tuple[Path, dict]]:
+    """(path, record) of each committed recipe's seed whose control `what` (temperatures or baselines) was run: by
+    its verb (seed<N>.<what>.json, which wins) or by the lab itself (the `controls` of seed<N>.json), by path."""
+    found = {}
+    for path in directory.glob("*/seed*.json"):
+        if SEED_REPORT.fullmatch(path.name) and path.parent.name not in ("explored", "direct"):
+            kept = (read_json(path).get("controls") or {}).get(what)
+            if kept:
+                found[path.with_suffix(f".{what}.json")] = kept
+    for path in directory.glob(f"*/seed*.{what}.json"):
+        if path.parent.name not in ("explored", "direct"):
+            found[path] = read_json(path)
+    return sorted(found.items())
+
+
 def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
     """({"<recipe>/seed<N>": summary}, markdown) of every committed recipe's temperature grid (labtemps); where the
     recipe is held out on another task source, its pass@k at temperature 1 too (the cold start's pass@16 says
@@ -52,10 +67,7 @@ def temperature_tables(directory: Path) -> tuple[dict, list[str]]:
     from agentrl.labs.report import interval
     from agentrl.labs.temperatures import summary, table
     out, md = {}, []
-    for path in sorted(directory.glob("*/seed*.temperatures.json")):
-        if path.parent.name in ("explored", "direct"):
-            continue
-        grid = read_json(path)
+    for path, grid in control_files(directory, "temperatures"):
         s = summary(grid, grid["seed"])
         key = f"{path.parent.name}/{path.name.split('.')[0]}"
         out[key] = s
@@ -82,10 +94,8 @@ def baseline_tables(directory: Path) -> tuple[dict, list[str]]:
     from agentrl.labs.baselines import summary, table
     from agentrl.labs.report import interval
     out, md = {}, []
-    for path in sorted(directory.glob("*/seed*.baselines.json")):
-        if path.parent.name in ("explored", "direct"):
-            continue
-        arms, seed_name = read_json(path), path.name.split(".")[0]
+    for path, arms in control_files(directory, "baselines"):
+        seed_name = path.name.split(".")[0]
         record = read_json(path.with_name(f"{seed_name}.json"))
         s = summary(arms, record)
         out[f"{path.parent.name}/{seed_name}"] = s
