@@ -488,9 +488,14 @@ def test_the_labs_study_puts_the_committed_recipes_first_and_the_explored_apart(
     assert cli.main(["study", "labs"]) == 2   # nothing to compare: one line
     assert "no lab reports" in capsys.readouterr().err
     labs = tmp_path / "reports" / "labs"
-    for where, changed, pretrained in (("smol", True, True), ("menu", False, False), ("explored/old", True, False)):
+    for where, changed, pretrained in (("smol", True, True), ("menu", False, False), ("explored/old", True, False),
+                                       ("explored/he", True, False)):
         (labs / where).mkdir(parents=True)
-        (labs / where / "seed0.json").write_text(json.dumps(_lab_numbers(changed, pretrained)))
+        numbers = _lab_numbers(changed, pretrained)
+        if where == "explored/he":   # held out on other tasks: its row says so, not comparable to the authored rows
+            numbers["config"] = {**numbers.get("config", {}), "tasks": "humaneval", "eval_tasks": "humaneval",
+                                 "eval_split": "test"}
+        (labs / where / "seed0.json").write_text(json.dumps(numbers))
     (labs / "smol" / "seed0.probe.json").write_text("{}")   # a recipe's other files are not seeds
     assert cli.main(["study", "labs"]) == 0
     md = (labs / "comparison.md").read_text()
@@ -503,9 +508,10 @@ def test_the_labs_study_puts_the_committed_recipes_first_and_the_explored_apart(
     assert smol.startswith("| `smol` seed 0 | M | 0.000 [0.000, 0.000] (no episode succeeded) | "
                            "0.250 [0.100, 0.400] | 0.500 [0.300, 0.700] | +0.250 [+0.050, +0.450] | n/a | "
                            "1.00 -> 0.00 | 0.500 -> 0.100 | 0.400 |")
-    assert "`old` seed 0" in explored and "`old`" not in committed and "the book" not in explored
+    assert "| `old` seed 0 | " in explored and "`old`" not in committed and "the book" not in explored
+    assert "| `he` seed 0 (trained on humaneval, held out on humaneval test) | " in explored
     numbers = json.loads((labs / "comparison.json").read_text())
-    assert set(numbers["recipes"]) == {"smol", "menu"} and set(numbers["explored"]) == {"old"}
+    assert set(numbers["recipes"]) == {"smol", "menu"} and set(numbers["explored"]) == {"old", "he"}
     assert numbers["book_qwen3_0_6b"]["gain"] == "+0.60 [+0.33, +0.88]"
 
 

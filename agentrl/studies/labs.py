@@ -107,10 +107,21 @@ def baseline_tables(directory: Path) -> tuple[dict, list[str]]:
     return out, md
 
 
+def held_out_on(numbers: dict) -> str:
+    """" (trained on X, held out on Y's split)" where a report's task sources are not the authored catalogue's, so a
+    row on other tasks is not read beside the authored ones as if comparable; "" otherwise."""
+    config = numbers.get("config", {})
+    train, held, split = (config.get("tasks", "authored"), config.get("eval_tasks", "authored"),
+                          config.get("eval_split", "heldout"))
+    if (train, held, split) == ("authored", "authored", "heldout"):
+        return ""
+    return f" (trained on {train}, held out on {held} {split})"
+
+
 def rows(recipes: dict) -> list[tuple[str, dict]]:
     """(label, numbers) of each seed's report, by recipe then seed."""
-    return [(f"`{name}` seed {seed}", by_seed[seed]) for name, by_seed in sorted(recipes.items())
-            for seed in sorted(by_seed)]
+    return [(f"`{name}` seed {seed}{held_out_on(by_seed[seed])}", by_seed[seed])
+            for name, by_seed in sorted(recipes.items()) for seed in sorted(by_seed)]
 
 
 def split_current(recipes: dict) -> tuple[dict, list[str]]:
