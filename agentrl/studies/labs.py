@@ -40,8 +40,12 @@ def task_sources(recipe: str, params_path: Path = Path("params.yaml")) -> tuple[
     configs = lab.get("configs", LAB_CONFIGS)
     if recipe not in configs:
         return "authored", "authored", "heldout"
-    spec = resolve(configs, recipe, strict=False)
-    return spec.get("tasks", "authored"), spec.get("eval_tasks", "authored"), spec.get("eval_split", "heldout")
+    return sources_of(resolve(configs, recipe, strict=False))
+
+
+def sources_of(config: dict) -> tuple[str, str, str]:
+    """(training tasks, held-out tasks, held-out split) of a recipe's keys, the authored catalogue's by default."""
+    return config.get("tasks", "authored"), config.get("eval_tasks", "authored"), config.get("eval_split", "heldout")
 
 
 def control_files(directory: Path, what: str) -> list[tuple[Path, dict]]:
@@ -110,9 +114,7 @@ def baseline_tables(directory: Path) -> tuple[dict, list[str]]:
 def held_out_on(numbers: dict) -> str:
     """" (trained on X, held out on Y's split)" where a report's task sources are not the authored catalogue's, so a
     row on other tasks is not read beside the authored ones as if comparable; "" otherwise."""
-    config = numbers.get("config", {})
-    train, held, split = (config.get("tasks", "authored"), config.get("eval_tasks", "authored"),
-                          config.get("eval_split", "heldout"))
+    train, held, split = sources_of(numbers.get("config", {}))
     if (train, held, split) == ("authored", "authored", "heldout"):
         return ""
     return f" (trained on {train}, held out on {held} {split})"
